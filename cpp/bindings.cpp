@@ -1,0 +1,107 @@
+// pybind11 only: integers (data pointers), shapes and dtype codes in; results through the pointers.
+// No torch here: the Python layer (dcoco/_ops.py) checks arguments and allocates every output.
+#include <pybind11/pybind11.h>
+#include <pybind11/stl.h>
+
+#include <cstdint>
+#include <vector>
+
+#include "dcoco/api.h"
+
+namespace py = pybind11;
+using namespace dcoco;
+
+namespace {
+
+template <class T>
+const T* ptr(uintptr_t a) {
+  return reinterpret_cast<const T*>(a);
+}
+
+Weights weights_from(const std::vector<uintptr_t>& a) {
+  if (a.size() != 10) throw std::invalid_argument("weights: expected 10 pointers");
+  return {ptr<float>(a[0]), ptr<float>(a[1]), ptr<float>(a[2]), ptr<float>(a[3]), ptr<float>(a[4]),
+          ptr<float>(a[5]), ptr<float>(a[6]), ptr<float>(a[7]), ptr<float>(a[8]), ptr<float>(a[9])};
+}
+
+}  // namespace
+
+PYBIND11_MODULE(_C, m) {
+  m.doc() = "dcoco compiled core (torch-free)";
+  m.attr("MAX_CANDIDATES") = kMaxCandidates;
+  m.attr("built_with_cuda") = cuda::built();
+  m.attr("cutlass_version") = cuda::cutlass_version();
+  m.def("cuda_status", &cuda::status, "(device count, message); never raises");
+
+  m.def(
+      "correct_cpu",
+      [](std::vector<int64_t> sizes, uintptr_t hidden, int hidden_dtype, uintptr_t ids, int ids_dtype,
+         uintptr_t logits, int logits_dtype, uintptr_t embed, int embed_dtype, uintptr_t table,
+         std::vector<uintptr_t> weights, uintptr_t scores, uintptr_t ranks, uintptr_t tokens) {
+        if (sizes.size() != 7) throw std::invalid_argument("sizes: expected (R, B, K, d, V, r, H)");
+        CorrectParams p;
+        p.R = sizes[0], p.B = sizes[1], p.K = sizes[2], p.d = sizes[3], p.V = sizes[4], p.r = sizes[5], p.H = sizes[6];
+        p.hidden = ptr<void>(hidden), p.hidden_dtype = DType(hidden_dtype);
+        p.cand_ids = ptr<void>(ids), p.ids_dtype = DType(ids_dtype);
+        p.cand_logits = ptr<void>(logits), p.logits_dtype = DType(logits_dtype);
+        p.embed = ptr<void>(embed), p.embed_dtype = DType(embed_dtype);
+        p.table = ptr<float>(table);
+        p.w = weights_from(weights);
+        p.scores = reinterpret_cast<float*>(scores);
+        p.ranks = reinterpret_cast<int64_t*>(ranks);
+        p.tokens = reinterpret_cast<int64_t*>(tokens);
+        py::gil_scoped_release nogil;
+        cpu::correct(p);
+      },
+      py::arg("sizes"), py::arg("hidden"), py::arg("hidden_dtype"), py::arg("cand_ids"), py::arg("ids_dtype"),
+      py::arg("cand_logits"), py::arg("logits_dtype"), py::arg("embed"), py::arg("embed_dtype"), py::arg("table"),
+      py::arg("weights"), py::arg("scores"), py::arg("ranks"), py::arg("tokens"));
+
+  m.def(
+      "cand_table_cpu",
+      [](int64_t V, int64_t d, int64_t r, uintptr_t embed, int embed_dtype, uintptr_t cand_proj, uintptr_t fuse_proj,
+         uintptr_t table) {
+        CandTableParams p;
+        p.V = V, p.d = d, p.r = r;
+        p.embed = ptr<void>(embed), p.embed_dtype = DType(embed_dtype);
+        p.cand_proj = ptr<float>(cand_proj), p.fuse_proj = ptr<float>(fuse_proj);
+        p.table = reinterpret_cast<float*>(table);
+        py::gil_scoped_release nogil;
+        cpu::cand_table(p);
+      },
+      py::arg("V"), py::arg("d"), py::arg("r"), py::arg("embed"), py::arg("embed_dtype"), py::arg("cand_proj"),
+      py::arg("fuse_proj"), py::arg("table"));
+
+  auto select = [](bool on_cuda) {
+    return [on_cuda](int64_t R, int64_t B, int64_t K, uintptr_t scores, uintptr_t first, int first_dtype, int rule,
+                     float lam, uintptr_t work, uintptr_t next, uintptr_t ranks, uintptr_t stream) {
+      SelectParams p;
+      p.R = R, p.B = B, p.K = K;
+      p.scores = ptr<float>(scores);
+      p.first_logits = ptr<void>(first), p.first_dtype = DType(first_dtype);
+      p.rule = Rule(rule), p.lam = lam;
+      p.work = reinterpret_cast<float*>(work);
+      p.next = reinterpret_cast<int32_t*>(next);
+      p.ranks = reinterpret_cast<int64_t*>(ranks);
+      p.stream = reinterpret_cast<void*>(stream);
+      py::gil_scoped_release nogil;
+      on_cuda ? cuda::select(p) : cpu::select(p);
+    };
+  };
+  for (bool on_cuda : {false, true})
+    m.def(on_cuda ? "select_cuda" : "select_cpu", select(on_cuda), py::arg("R"), py::arg("B"), py::arg("K"),
+          py::arg("scores"), py::arg("first_logits"), py::arg("first_dtype"), py::arg("rule"), py::arg("lam"),
+          py::arg("work"), py::arg("next"), py::arg("ranks"), py::arg("stream") = 0);
+
+  m.def("gelu", [](float x) { return gelu(x); }, "the shared GELU (dcoco/math.h), for tests");
+  m.def(
+      "layer_norm",
+      [](std::vector<float> x, std::vector<float> gamma, std::vector<float> beta) {
+        if (!gamma.empty() && (gamma.size() != x.size() || beta.size() != x.size()))
+          throw std::invalid_argument("gamma, beta: expected the length of x or empty");
+        layer_norm(x.data(), int(x.size()), gamma.empty() ? nullptr : gamma.data(), beta.empty() ? nullptr : beta.data());
+        return x;
+      },
+      py::arg("x"), py::arg("gamma") = std::vector<float>{}, py::arg("beta") = std::vector<float>{},
+      "the shared LayerNorm (dcoco/math.h), for tests");
+}

@@ -1,0 +1,27 @@
+// Entry points of the compiled core. Torch-free: params structs in, results written through their
+// pointers. Bad input throws std::invalid_argument / std::out_of_range with a message naming the
+// argument (the binding turns them into ValueError / IndexError).
+#pragma once
+#include <string>
+#include <utility>
+
+#include "dcoco/params.h"
+
+namespace dcoco {
+
+namespace cpu {
+void correct(const CorrectParams& p);
+void cand_table(const CandTableParams& p);
+void select(const SelectParams& p);
+}  // namespace cpu
+
+namespace cuda {
+bool built();
+std::string cutlass_version();  // the CUTLASS headers compiled against, "" without CUDA
+// Launch on p.stream; throws std::runtime_error carrying the CUDA error text.
+void select(const SelectParams& p);
+// (device count, message); never throws, also without a driver.
+std::pair<int, std::string> status();
+}  // namespace cuda
+
+}  // namespace dcoco

@@ -1,0 +1,70 @@
+// One plain struct per op: raw pointers, shapes, dtype codes. The only thing the entry points take.
+// Layouts are row-major and contiguous (the Python layer makes them so); shapes in comments.
+#pragma once
+#include <cstdint>
+
+#include "dcoco/math.h"
+
+namespace dcoco {
+
+// Corrector weights in nn.Linear layout (out,in), float32.
+struct Weights {
+  const float* cand_proj = nullptr;  // (r,d)    W_cand
+  const float* ctx_proj = nullptr;   // (r,d)    W_ctx
+  const float* fuse_proj = nullptr;  // (r,2r)   W_fuse, input [b ; g]
+  const float* fuse_gamma = nullptr; // (r)
+  const float* fuse_beta = nullptr;  // (r)
+  const float* pair_proj = nullptr;  // (r,2d)   W_pair, input [h_p ; h_{p+1}]
+  const float* w1 = nullptr;         // (H,3r+2) input [s ; z_a ; z_b ; l_a ; l_b]
+  const float* b1 = nullptr;         // (H)
+  const float* w2 = nullptr;         // (H)
+  const float* b2 = nullptr;         // (1)
+};
+
+// Score and/or walk one batch of drafted blocks.
+struct CorrectParams {
+  int64_t R = 0, B = 0, K = 0;  // requests, drafted slots, candidates per slot
+  int64_t d = 0, V = 0;         // hidden width, vocabulary rows
+  int64_t r = 0, H = 0;         // corrector width, MLP hidden
+  const void* hidden = nullptr;       // (R,B,d)  f32 | bf16 | f16
+  DType hidden_dtype = DType::f32;
+  const void* cand_ids = nullptr;     // (R,B,K)  i32 | i64, rank 0 = argmax
+  DType ids_dtype = DType::i64;
+  const void* cand_logits = nullptr;  // (R,B,K)  f32 | bf16 | f16
+  DType logits_dtype = DType::f32;
+  const void* embed = nullptr;        // (V,d)    f32 | bf16 | f16, frozen
+  DType embed_dtype = DType::f32;
+  const float* table = nullptr;       // (V,r)    optional W_fuse[:, :r] LN(W_cand E[v]) (CandTableParams)
+  Weights w;
+  float* scores = nullptr;   // (R,B-1,K,K) out, optional: S[r,p,a,b] = S_{p+1}(a,b)
+  int64_t* ranks = nullptr;  // (R,B) out, optional: the greedy walk
+  int64_t* tokens = nullptr; // (R,B) out, with ranks: cand_ids gathered at ranks
+};
+
+// The inference table T[v] = W_fuse[:, :r] LN(W_cand E[v]) for every vocabulary row.
+struct CandTableParams {
+  int64_t V = 0, d = 0, r = 0;
+  const void* embed = nullptr;  // (V,d)
+  DType embed_dtype = DType::f32;
+  const float* cand_proj = nullptr;  // (r,d)
+  const float* fuse_proj = nullptr;  // (r,2r)
+  float* table = nullptr;            // (V,r) out
+};
+
+// Path selection on a given score grid.
+enum class Rule : int32_t { greedy = 0, global = 1, geometric = 2 };
+
+struct SelectParams {
+  int64_t R = 0, B = 0, K = 0;
+  const float* scores = nullptr;  // (R,B-1,K,K)
+  const void* first_logits = nullptr;  // (R,K) slot-1 logits
+  DType first_dtype = DType::f32;
+  Rule rule = Rule::greedy;
+  float lam = 0.75f;  // geometric only
+  float* work = nullptr;      // (R,3K) scratch: slot-1 logits as f32, then two rows of suffix values
+  int32_t* next = nullptr;    // (R,B-1,K) scratch: best successor of each node (global, geometric)
+  int64_t* ranks = nullptr;   // (R,B) out
+  void* stream = nullptr;     // cudaStream_t on the CUDA path
+};
+
+}  // namespace dcoco

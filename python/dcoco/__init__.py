@@ -1,0 +1,29 @@
+"""dcoco: the DCOCO contextual corrector for parallel (DFlash) speculative drafts.
+
+See SPEC.md of the project for the math. Public API:
+  Corrector         the nn.Module (score, forward, prepare_inference)
+  select            path selection on a score grid (greedy, global, geometric)
+  cuda_available()  whether the compiled CUDA path can run here
+"""
+
+import torch  # noqa: F401  (first: the core shares torch's OpenMP runtime)
+
+from . import _C
+from ._ops import MAX_CANDIDATES
+from .corrector import Corrector
+from .select import select
+
+__version__ = "0.1.0"
+__all__ = ["Corrector", "select", "cuda_available", "build_info", "MAX_CANDIDATES"]
+
+
+def cuda_available() -> bool:
+    """True when dcoco was compiled with CUDA and a CUDA device is visible; never raises."""
+    return _C.built_with_cuda and _C.cuda_status()[0] > 0
+
+
+def build_info() -> dict:
+    """How this dcoco was built and what it sees: CUDA compiled in, CUTLASS version, device status."""
+    count, message = _C.cuda_status()
+    return {"version": __version__, "built_with_cuda": _C.built_with_cuda, "cutlass": _C.cutlass_version,
+            "cuda_devices": count, "cuda_status": message, "max_candidates": MAX_CANDIDATES}

@@ -1,0 +1,260 @@
+"""torch.library ops over the compiled core: argument checks, output allocation, fake impls.
+
+Ops (namespace ``dcoco``):
+  score(hidden, cand_ids, cand_logits, embed, *weights) -> scores (R,B-1,K,K) f32
+  correct(hidden, cand_ids, cand_logits, embed, *weights, table) -> (ranks, tokens) (R,B) i64
+  cand_table(embed, cand_proj, fuse_proj) -> (V,r) f32
+  select(scores, first_logits, rule, lam) -> ranks (R,B) i64
+
+The core takes raw pointers; every tensor it sees is made contiguous here and every output is a
+torch allocation, so the ops are safe under torch.compile and (on CUDA) graph capture.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+from . import _C
+
+MAX_CANDIDATES: int = _C.MAX_CANDIDATES
+RULES = {"greedy": 0, "global": 1, "geometric": 2}
+WEIGHTS = ("cand_proj", "ctx_proj", "fuse_proj", "fuse_norm_weight", "fuse_norm_bias", "pair_proj",
+           "mlp0_weight", "mlp0_bias", "mlp2_weight", "mlp2_bias")
+_FLOAT_CODES = {torch.float32: 0, torch.bfloat16: 1, torch.float16: 2}
+_ID_CODES = {torch.int32: 3, torch.int64: 4}
+
+# Tests set this to fill outputs with NaN / -1 before the core writes them, so unwritten elements show.
+POISON = False
+
+_lib = torch.library.Library("dcoco", "DEF")
+_W_SCHEMA = ", ".join(f"Tensor {n}" for n in WEIGHTS)
+_lib.define(f"score(Tensor hidden, Tensor cand_ids, Tensor cand_logits, Tensor embed, {_W_SCHEMA}) -> Tensor")
+_lib.define(f"correct(Tensor hidden, Tensor cand_ids, Tensor cand_logits, Tensor embed, {_W_SCHEMA}, "
+            "Tensor? table) -> (Tensor, Tensor)")
+_lib.define("cand_table(Tensor embed, Tensor cand_proj, Tensor fuse_proj) -> Tensor")
+_lib.define("select(Tensor scores, Tensor first_logits, str rule, float lam) -> Tensor")
+
+
+def _float_tensor(name: str, t, ndim: int) -> None:
+    if not isinstance(t, torch.Tensor):
+        raise TypeError(f"{name}: expected a torch.Tensor, got {type(t).__name__}")
+    if t.dtype not in _FLOAT_CODES:
+        raise TypeError(f"{name}: expected float32, bfloat16 or float16, got {t.dtype}")
+    if t.dim() != ndim:
+        raise ValueError(f"{name}: expected {ndim} dimensions, got shape {tuple(t.shape)}")
+
+
+def _shape(name: str, t: torch.Tensor, want: tuple, what: str) -> None:
+    if tuple(t.shape) != tuple(want):
+        raise ValueError(f"{name}: expected shape {tuple(want)} {what}, got {tuple(t.shape)}")
+
+
+def _same_device(named: dict) -> torch.device:
+    devices = {n: t.device for n, t in named.items() if t is not None}
+    first = next(iter(devices.values()))
+    for n, dev in devices.items():
+        if dev != first:
+            raise ValueError(f"{n}: expected device {first} like {next(iter(devices))}, got {dev}")
+    if first.type not in ("cpu", "cuda", "meta"):
+        raise ValueError(f"{next(iter(devices))}: device {first} is not supported (cpu or cuda)")
+    return first
+
+
+def check_inputs(hidden, cand_ids, cand_logits, embed, weights, table=None) -> tuple[int, ...]:
+    """Validates the corrector's inputs; returns (R, B, K, d, V, r, H). Raises naming the argument."""
+    _float_tensor("hidden", hidden, 3)
+    if not isinstance(cand_ids, torch.Tensor):
+        raise TypeError(f"cand_ids: expected a torch.Tensor, got {type(cand_ids).__name__}")
+    if cand_ids.dtype not in _ID_CODES:
+        raise TypeError(f"cand_ids: expected int32 or int64 token ids, got {cand_ids.dtype}")
+    if cand_ids.dim() != 3:
+        raise ValueError(f"cand_ids: expected 3 dimensions (R, B, K), got shape {tuple(cand_ids.shape)}")
+    _float_tensor("cand_logits", cand_logits, 3)
+    _float_tensor("embed", embed, 2)
+    R, B, d = hidden.shape
+    K = cand_ids.shape[2]
+    V = embed.shape[0]
+    _shape("cand_ids", cand_ids, (R, B, K), "= (R, B, K) matching hidden's (R, B)")
+    _shape("cand_logits", cand_logits, (R, B, K), "= cand_ids' (R, B, K)")
+    _shape("embed", embed, (V, d), "= (V, d) with d from hidden")
+    if B < 1:
+        raise ValueError("hidden: expected at least one drafted slot (B >= 1), got B=0")
+    if not 1 <= K <= MAX_CANDIDATES:
+        raise ValueError(f"cand_ids: expected 1 <= K <= {MAX_CANDIDATES} candidates per slot (the compiled "
+                         f"maximum), got K={K}")
+    if V < 1:
+        raise ValueError("embed: expected at least one vocabulary row")
+    if len(weights) != len(WEIGHTS):
+        raise TypeError(f"weights: expected {len(WEIGHTS)} tensors {WEIGHTS}, got {len(weights)}")
+    named = dict(zip(WEIGHTS, weights))
+    for n, w in named.items():
+        _float_tensor(n, w, 1 if n in ("fuse_norm_weight", "fuse_norm_bias", "mlp0_bias", "mlp2_bias") else 2)
+    r = named["cand_proj"].shape[0]
+    H = named["mlp0_weight"].shape[0]
+    if r < 2:
+        raise ValueError(f"cand_proj: expected width r >= 2, got {r}")
+    want = {"cand_proj": (r, d), "ctx_proj": (r, d), "fuse_proj": (r, 2 * r), "fuse_norm_weight": (r,),
+            "fuse_norm_bias": (r,), "pair_proj": (r, 2 * d), "mlp0_weight": (H, 3 * r + 2), "mlp0_bias": (H,),
+            "mlp2_weight": (1, H), "mlp2_bias": (1,)}
+    for n, shape in want.items():
+        _shape(n, named[n], shape, f"for d={d}, r={r}, mlp_hidden={H}")
+    if table is not None:
+        if not isinstance(table, torch.Tensor) or table.dtype != torch.float32:
+            raise TypeError(f"table: expected a float32 tensor from prepare_inference, got "
+                            f"{getattr(table, 'dtype', type(table).__name__)}")
+        _shape("table", table, (V, r), "= (V, r) from prepare_inference(embed)")
+    _same_device({"hidden": hidden, "cand_ids": cand_ids, "cand_logits": cand_logits, "embed": embed,
+                  **named, "table": table})
+    return R, B, K, d, V, r, H
+
+
+def _out(shape, dtype, device) -> torch.Tensor:
+    if POISON:
+        return torch.full(shape, float("nan") if dtype.is_floating_point else -1, dtype=dtype, device=device)
+    return torch.empty(shape, dtype=dtype, device=device)
+
+
+def _no_cuda_kernel(op: str):
+    def impl(*args):
+        raise NotImplementedError(f"dcoco.{op}: the fused CUDA forward is not in this build yet; "
+                                  f"run the corrector on CPU tensors (dcoco.cuda_available() = "
+                                  f"{_C.cuda_status()[0] > 0})")
+    return impl
+
+
+def _run_core(hidden, cand_ids, cand_logits, embed, weights, table, sizes, scores, ranks, tokens) -> None:
+    c = lambda t: t.contiguous()  # noqa: E731
+    hidden, cand_ids, cand_logits, embed = c(hidden), c(cand_ids), c(cand_logits), c(embed)
+    ws = [w.to(torch.float32).contiguous() for w in weights]
+    table = None if table is None else c(table)
+    ptr = lambda t: 0 if t is None else t.data_ptr()  # noqa: E731
+    _C.correct_cpu(list(sizes), hidden.data_ptr(), _FLOAT_CODES[hidden.dtype], cand_ids.data_ptr(),
+                   _ID_CODES[cand_ids.dtype], cand_logits.data_ptr(), _FLOAT_CODES[cand_logits.dtype],
+                   embed.data_ptr(), _FLOAT_CODES[embed.dtype], ptr(table), [w.data_ptr() for w in ws],
+                   ptr(scores), ptr(ranks), ptr(tokens))
+
+
+# --- score -----------------------------------------------------------------------------------------
+
+def _score_cpu(hidden, cand_ids, cand_logits, embed, *weights):
+    sizes = check_inputs(hidden, cand_ids, cand_logits, embed, weights)
+    R, B, K = sizes[:3]
+    scores = _out((R, B - 1, K, K), torch.float32, hidden.device)
+    if scores.numel():
+        _run_core(hidden, cand_ids, cand_logits, embed, weights, None, sizes, scores, None, None)
+    return scores
+
+
+@torch.library.register_fake("dcoco::score", lib=_lib)
+def _score_fake(hidden, cand_ids, cand_logits, embed, *weights):
+    R, B, K = check_inputs(hidden, cand_ids, cand_logits, embed, weights)[:3]
+    return hidden.new_empty((R, B - 1, K, K), dtype=torch.float32)
+
+
+# --- correct ---------------------------------------------------------------------------------------
+
+def _correct_cpu(hidden, cand_ids, cand_logits, embed, *weights_and_table):
+    *weights, table = weights_and_table
+    sizes = check_inputs(hidden, cand_ids, cand_logits, embed, weights, table)
+    R, B = sizes[:2]
+    ranks = _out((R, B), torch.int64, hidden.device)
+    tokens = _out((R, B), torch.int64, hidden.device)
+    if R:
+        _run_core(hidden, cand_ids, cand_logits, embed, weights, table, sizes, None, ranks, tokens)
+    return ranks, tokens
+
+
+@torch.library.register_fake("dcoco::correct", lib=_lib)
+def _correct_fake(hidden, cand_ids, cand_logits, embed, *weights_and_table):
+    *weights, table = weights_and_table
+    R, B = check_inputs(hidden, cand_ids, cand_logits, embed, weights, table)[:2]
+    return hidden.new_empty((R, B), dtype=torch.int64), hidden.new_empty((R, B), dtype=torch.int64)
+
+
+# --- cand_table ------------------------------------------------------------------------------------
+
+def _check_table_args(embed, cand_proj, fuse_proj) -> tuple[int, int, int]:
+    _float_tensor("embed", embed, 2)
+    _float_tensor("cand_proj", cand_proj, 2)
+    _float_tensor("fuse_proj", fuse_proj, 2)
+    V, d = embed.shape
+    r = cand_proj.shape[0]
+    _shape("cand_proj", cand_proj, (r, d), "= (r, d) with d from embed")
+    _shape("fuse_proj", fuse_proj, (r, 2 * r), "= (r, 2r)")
+    _same_device({"embed": embed, "cand_proj": cand_proj, "fuse_proj": fuse_proj})
+    return V, d, r
+
+
+def _cand_table_cpu(embed, cand_proj, fuse_proj):
+    V, d, r = _check_table_args(embed, cand_proj, fuse_proj)
+    table = _out((V, r), torch.float32, embed.device)
+    embed = embed.contiguous()
+    cp, fp = cand_proj.to(torch.float32).contiguous(), fuse_proj.to(torch.float32).contiguous()
+    if V:
+        _C.cand_table_cpu(V, d, r, embed.data_ptr(), _FLOAT_CODES[embed.dtype], cp.data_ptr(), fp.data_ptr(),
+                          table.data_ptr())
+    return table
+
+
+@torch.library.register_fake("dcoco::cand_table", lib=_lib)
+def _cand_table_fake(embed, cand_proj, fuse_proj):
+    V, _, r = _check_table_args(embed, cand_proj, fuse_proj)
+    return embed.new_empty((V, r), dtype=torch.float32)
+
+
+# --- select ----------------------------------------------------------------------------------------
+
+def _check_select(scores, first_logits, rule, lam) -> tuple[int, int, int]:
+    _float_tensor("scores", scores, 4)
+    _float_tensor("first_logits", first_logits, 2)
+    R, T, K, K2 = scores.shape
+    if K != K2:
+        raise ValueError(f"scores: expected shape (R, B-1, K, K), got {tuple(scores.shape)}")
+    _shape("first_logits", first_logits, (R, K), "= (R, K) matching scores")
+    if not 1 <= K <= MAX_CANDIDATES:
+        raise ValueError(f"scores: expected 1 <= K <= {MAX_CANDIDATES}, got K={K}")
+    if rule not in RULES:
+        raise ValueError(f"rule: expected one of {sorted(RULES)}, got {rule!r}")
+    if rule == "geometric" and not (math.isfinite(lam) and lam > 0):
+        raise ValueError(f"lam: expected a finite lambda > 0 for the geometric rule, got {lam}")
+    _same_device({"scores": scores, "first_logits": first_logits})
+    return R, T + 1, K
+
+
+def _select_impl(scores, first_logits, rule, lam):
+    R, B, K = _check_select(scores, first_logits, rule, lam)
+    dev = scores.device
+    ranks = _out((R, B), torch.int64, dev)
+    if R == 0:
+        return ranks
+    scores = scores.to(torch.float32).contiguous()
+    first_logits = first_logits.contiguous()
+    work = torch.empty((R, 3 * K), dtype=torch.float32, device=dev)
+    nxt = torch.empty((R, max(B - 1, 1), K), dtype=torch.int32, device=dev)
+    args = (R, B, K, scores.data_ptr(), first_logits.data_ptr(), _FLOAT_CODES[first_logits.dtype], RULES[rule],
+            float(lam), work.data_ptr(), nxt.data_ptr(), ranks.data_ptr())
+    if dev.type == "cuda":
+        if not _C.built_with_cuda:
+            raise RuntimeError("dcoco.select: CUDA tensors given, but dcoco was built without CUDA")
+        with torch.cuda.device(dev):
+            _C.select_cuda(*args, stream=torch.cuda.current_stream(dev).cuda_stream)
+    else:
+        _C.select_cpu(*args)
+    return ranks
+
+
+@torch.library.register_fake("dcoco::select", lib=_lib)
+def _select_fake(scores, first_logits, rule, lam):
+    R, B, _ = _check_select(scores, first_logits, rule, lam)
+    return scores.new_empty((R, B), dtype=torch.int64)
+
+
+_lib.impl("score", _score_cpu, "CPU")
+_lib.impl("correct", _correct_cpu, "CPU")
+_lib.impl("cand_table", _cand_table_cpu, "CPU")
+_lib.impl("select", _select_impl, "CPU")
+_lib.impl("select", _select_impl, "CUDA")
+for _op in ("score", "correct", "cand_table"):
+    _lib.impl(_op, _no_cuda_kernel(_op), "CUDA")

@@ -1,0 +1,87 @@
+"""The DCOCO corrector: the paper's exact parameterisation (SPEC.md), computed by the compiled core."""
+
+from __future__ import annotations
+
+import warnings
+
+import torch
+from torch import nn
+
+from . import _ops  # noqa: F401  (registers torch.ops.dcoco)
+
+
+class Corrector(nn.Module):
+    """Scores every transition between the top-K candidates of adjacent drafted slots.
+
+    Parameters (names fixed: checkpoints and tools rely on them), with d = hidden_size, r = width:
+      cand_proj.weight (r,d), ctx_proj.weight (r,d), fuse_proj.weight (r,2r) on [b ; g],
+      fuse_norm.weight / .bias (r), pair_proj.weight (r,2d) on [h_p ; h_{p+1}],
+      mlp.0.weight (H,3r+2) / .bias (H) on [s_p ; z_pa ; z_{p+1,b} ; l_p(a) ; l_{p+1}(b)],
+      mlp.2.weight (1,H) / .bias (1), zero-initialised so that a fresh corrector keeps the drafter's argmax.
+    The token-embedding table is frozen and passed to every call, never a parameter.
+    """
+
+    def __init__(self, hidden_size: int, num_candidates: int = 16, width: int = 128, mlp_hidden: int = 256):
+        super().__init__()
+        for name, v, lo in (("hidden_size", hidden_size, 1), ("num_candidates", num_candidates, 1),
+                            ("width", width, 2), ("mlp_hidden", mlp_hidden, 1)):
+            if not isinstance(v, int) or v < lo:
+                raise ValueError(f"{name}: expected an integer >= {lo}, got {v!r}")
+        if num_candidates > _ops.MAX_CANDIDATES:
+            raise ValueError(f"num_candidates: at most {_ops.MAX_CANDIDATES} (the compiled maximum), got {num_candidates}")
+        d, r, H = hidden_size, width, mlp_hidden
+        self.hidden_size, self.num_candidates, self.width, self.mlp_hidden = d, num_candidates, r, H
+        self.cand_proj = nn.Linear(d, r, bias=False)
+        self.ctx_proj = nn.Linear(d, r, bias=False)
+        self.fuse_proj = nn.Linear(2 * r, r, bias=False)
+        self.fuse_norm = nn.LayerNorm(r, eps=1e-5)
+        self.pair_proj = nn.Linear(2 * d, r, bias=False)
+        self.mlp = nn.Sequential(nn.Linear(3 * r + 2, H), nn.GELU(), nn.Linear(H, 1))
+        nn.init.zeros_(self.mlp[2].weight)
+        nn.init.zeros_(self.mlp[2].bias)
+        self._table: torch.Tensor | None = None
+        self._table_key: tuple | None = None
+
+    def extra_repr(self) -> str:
+        return (f"hidden_size={self.hidden_size}, num_candidates={self.num_candidates}, width={self.width}, "
+                f"mlp_hidden={self.mlp_hidden}")
+
+    def weights(self) -> tuple[torch.Tensor, ...]:
+        """The ten weight tensors in the order the dcoco ops take them (_ops.WEIGHTS)."""
+        return (self.cand_proj.weight, self.ctx_proj.weight, self.fuse_proj.weight, self.fuse_norm.weight,
+                self.fuse_norm.bias, self.pair_proj.weight, self.mlp[0].weight, self.mlp[0].bias,
+                self.mlp[2].weight, self.mlp[2].bias)
+
+    def score(self, hidden: torch.Tensor, cand_ids: torch.Tensor, cand_logits: torch.Tensor,
+              embed: torch.Tensor) -> torch.Tensor:
+        """scores[r,p,a,b] = S_{p+1}(a,b): float32 (R,B-1,K,K) for hidden (R,B,d), cand_ids/cand_logits (R,B,K)."""
+        return torch.ops.dcoco.score(hidden, cand_ids, cand_logits, embed, *self.weights())
+
+    def forward(self, hidden: torch.Tensor, cand_ids: torch.Tensor, cand_logits: torch.Tensor,
+                embed: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Prefix-first greedy re-selection in one call of the core: (ranks, tokens), both int64 (R,B)."""
+        return torch.ops.dcoco.correct(hidden, cand_ids, cand_logits, embed, *self.weights(),
+                                       self._fresh_table(embed))
+
+    @torch.no_grad()
+    def prepare_inference(self, embed: torch.Tensor) -> torch.Tensor:
+        """Tabulates W_fuse[:, :r] LN(W_cand E[v]) for the whole vocabulary (V x r float32; 77.8 MB at
+        V=151936, r=128), so forward gathers rows instead of projecting d-wide embeddings. Exact: results
+        equal the plain formula up to float rounding. Forward drops the table (with a warning) when the
+        weights or the embedding table change afterwards; call again then."""
+        self._table = torch.ops.dcoco.cand_table(embed, self.cand_proj.weight, self.fuse_proj.weight)
+        self._table_key = self._key(embed)
+        return self._table
+
+    def _key(self, embed: torch.Tensor) -> tuple:
+        w = (self.cand_proj.weight, self.fuse_proj.weight)
+        return (embed.data_ptr(), embed.shape, embed._version, *((t.data_ptr(), t._version) for t in w))
+
+    def _fresh_table(self, embed: torch.Tensor) -> torch.Tensor | None:
+        if self._table is None or torch.compiler.is_compiling():
+            return self._table
+        if self._key(embed) != self._table_key or self._table.device != embed.device:
+            warnings.warn("dcoco.Corrector: the inference table is stale (weights or embed changed since "
+                          "prepare_inference); computing from the embedding table instead", stacklevel=3)
+            self._table = self._table_key = None
+        return self._table

@@ -1,0 +1,54 @@
+"""The literal DCOCO formula in plain PyTorch, for tests only: slow, materialises every 386-wide
+MLP input, no rewrites. Computes in the dtype of `hidden` after promotion to at least float32
+(pass float64 inputs for a high-precision reference)."""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+
+def score(hidden, cand_ids, cand_logits, embed, cand_proj, ctx_proj, fuse_proj, fuse_norm_weight, fuse_norm_bias,
+          pair_proj, mlp0_weight, mlp0_bias, mlp2_weight, mlp2_bias) -> torch.Tensor:
+    """scores (R,B-1,K,K): scores[r,p,a,b] = l_{p+1}(b) + MLP([s_p ; z_pa ; z_{p+1,b} ; l_p(a) ; l_{p+1}(b)])."""
+    dt = torch.promote_types(hidden.dtype, torch.float32)
+    h, l, E = hidden.to(dt), cand_logits.to(dt), embed.to(dt)
+    Wc, Wx, Wf, gamma, beta, Wp, W1, b1, W2, b2 = (t.to(dt) for t in (
+        cand_proj, ctx_proj, fuse_proj, fuse_norm_weight, fuse_norm_bias, pair_proj, mlp0_weight, mlp0_bias,
+        mlp2_weight, mlp2_bias))
+    R, B, K = cand_ids.shape
+    r = Wc.shape[0]
+    b = F.layer_norm(E[cand_ids.long()] @ Wc.T, (r,), eps=1e-5)                 # (R,B,K,r)
+    g = F.layer_norm(h @ Wx.T, (r,), eps=1e-5)                                   # (R,B,r)
+    z = F.layer_norm(torch.cat([b, g[:, :, None].expand(R, B, K, r)], -1) @ Wf.T, (r,), gamma, beta, eps=1e-5)
+    s = torch.cat([h[:, :-1], h[:, 1:]], -1) @ Wp.T                               # (R,B-1,r)
+    T = B - 1
+    x = torch.cat([
+        s[:, :, None, None].expand(R, T, K, K, r),
+        z[:, :-1, :, None].expand(R, T, K, K, r),
+        z[:, 1:, None, :].expand(R, T, K, K, r),
+        l[:, :-1, :, None, None].expand(R, T, K, K, 1),
+        l[:, 1:, None, :, None].expand(R, T, K, K, 1),
+    ], -1)                                                                        # (R,B-1,K,K,3r+2)
+    delta = (F.gelu(x @ W1.T + b1) @ W2.T + b2)[..., 0]
+    return l[:, 1:, None, :] + delta
+
+
+def greedy(scores: torch.Tensor, first_logits: torch.Tensor) -> torch.Tensor:
+    """Prefix-first greedy, literally: ranks (R,B). Ties to the lower rank (first maximum)."""
+    R, T, K, _ = scores.shape
+    ranks = torch.empty((R, T + 1), dtype=torch.int64)
+    for q in range(R):
+        k = int(torch.argmax(first_logits[q]))
+        ranks[q, 0] = k
+        for p in range(T):
+            k = int(torch.argmax(scores[q, p, k]))
+            ranks[q, p + 1] = k
+    return ranks
+
+
+def forward(hidden, cand_ids, cand_logits, embed, *weights) -> tuple[torch.Tensor, torch.Tensor]:
+    """(ranks, tokens) of the greedy walk over the literal scores."""
+    scores = score(hidden, cand_ids, cand_logits, embed, *weights)
+    ranks = greedy(scores, cand_logits[:, 0].to(scores.dtype))
+    return ranks, torch.gather(cand_ids.long(), 2, ranks[..., None])[..., 0]
