@@ -41,24 +41,36 @@ float* scratch(int slot, int64_t n) {
   return v.data();
 }
 
-// out(n,d) f32 = src[rows[i]] (rows == null: rows row0..row0+n-1).
-void gather_rows(const void* src, DType t, int64_t d, const int64_t* rows, int64_t row0, int64_t n, float* out) {
+// xt(d, padded_lanes(n)) f32 = src[rows[i]] transposed, zero padding (rows == null: row0..row0+n-1).
+void gather_rows_t(const void* src, DType t, int64_t d, const int64_t* rows, int64_t row0, int64_t n, float* xt) {
+  const int64_t ld = padded_lanes(n);
   for (int64_t i = 0; i < n; ++i) {
-    const int64_t row = rows ? rows[i] : row0 + i;
-    for (int64_t j = 0; j < d; ++j) out[i * d + j] = load_float(src, t, row * d + j);
+    const int64_t base = (rows ? rows[i] : row0 + i) * d;
+    for (int64_t j = 0; j < d; ++j) xt[j * ld + i] = load_float(src, t, base + j);
   }
+  for (int64_t j = 0; j < d; ++j)
+    for (int64_t i = n; i < ld; ++i) xt[j * ld + i] = 0.f;
+}
+
+// The (rows, cols) block of W starting at column c0, transposed into a dense (cols, rows) copy.
+std::vector<float> transposed(const float* W, int64_t ld, int64_t rows, int64_t c0, int64_t cols) {
+  std::vector<float> t(cols * rows);
+  for (int64_t i = 0; i < rows; ++i)
+    for (int64_t j = 0; j < cols; ++j) t[j * rows + i] = W[i * ld + c0 + j];
+  return t;
 }
 
 // out(n,r) = W_fuse[:, :r] LN(W_cand E[rows]): the candidate half of the fusion before adding W_fuse[:, r:] g.
 void cand_rows(const void* embed, DType et, int64_t d, int64_t r, const float* cand_proj, const float* fuse_proj,
                const int64_t* rows, int64_t n, float* out) {
+  const std::vector<float> fuse_b = transposed(fuse_proj, 2 * r, r, 0, r);
   parallel_rows(n, [&](int64_t i0, int64_t m) {
-    float* x = scratch(0, m * d);
+    float* xt = scratch(0, d * padded_lanes(m));
     float* b = scratch(1, m * r);
-    gather_rows(embed, et, d, rows ? rows + i0 : nullptr, i0, m, x);
-    matmul_nt({x, d}, m, {cand_proj, d}, r, d, b, r);
+    gather_rows_t(embed, et, d, rows ? rows + i0 : nullptr, i0, m, xt);
+    project_t({xt, padded_lanes(m)}, m, {cand_proj, d}, r, d, b, r);
     for (int64_t i = 0; i < m; ++i) layer_norm(b + i * r, int(r), nullptr, nullptr);
-    matmul_nt({b, r}, m, {fuse_proj, 2 * r}, r, r, out + i0 * r, r);
+    matmul_nn({b, r}, m, {fuse_b.data(), r}, r, r, out + i0 * r, r);
   });
 }
 
@@ -106,42 +118,49 @@ void correct(const CorrectParams& p) {
   for (int64_t i = 0; i < C; ++i) logit[i] = load_float(p.cand_logits, p.logits_dtype, i);
 
   // Per slot (S,r): gf = W_fuse[:, r:] LN(W_ctx h), P = W_pair[:, :d] h, Q = W_pair[:, d:] h.
-  std::vector<float> gf(S * r), P(S * r), Q(S * r);
+  // Tasks are (block of slots, one of the three d-wide weights), so R = 1 still uses every thread.
+  std::vector<float> g(S * r), gf(S * r), P(S * r), Q(S * r);
+  {
+    const int64_t blocks = (S + kRowsPerTask - 1) / kRowsPerTask, ld = padded_lanes(std::min(S, kRowsPerTask));
+    std::vector<float> xt(blocks * d * ld);
+    parallel_for(blocks, [&](int64_t t) {
+      const int64_t i0 = t * kRowsPerTask;
+      gather_rows_t(p.hidden, p.hidden_dtype, d, nullptr, i0, std::min(kRowsPerTask, S - i0), xt.data() + t * d * ld);
+    });
+    const float* mats[3] = {w.ctx_proj, w.pair_proj, w.pair_proj + d};
+    float* outs[3] = {g.data(), P.data(), Q.data()};
+    parallel_for(3 * blocks, [&](int64_t t) {
+      const int64_t blk = t / 3, i0 = blk * kRowsPerTask, m = std::min(kRowsPerTask, S - i0), which = t % 3;
+      project_t({xt.data() + blk * d * ld, ld}, m, {mats[which], which ? 2 * d : d}, r, d, outs[which] + i0 * r, r);
+    });
+  }
+  const std::vector<float> fuse_g = transposed(w.fuse_proj, 2 * r, r, r, r);
   parallel_rows(S, [&](int64_t i0, int64_t m) {
-    float* x = scratch(0, m * d);
-    float* g = scratch(1, m * r);
-    gather_rows(p.hidden, p.hidden_dtype, d, nullptr, i0, m, x);
-    matmul_nt({x, d}, m, {w.ctx_proj, d}, r, d, g, r);
-    matmul_nt({x, d}, m, {w.pair_proj, 2 * d}, r, d, P.data() + i0 * r, r);
-    matmul_nt({x, d}, m, {w.pair_proj + d, 2 * d}, r, d, Q.data() + i0 * r, r);
-    for (int64_t i = 0; i < m; ++i) layer_norm(g + i * r, int(r), nullptr, nullptr);
-    matmul_nt({g, r}, m, {w.fuse_proj + r, 2 * r}, r, r, gf.data() + i0 * r, r);
+    for (int64_t i = i0; i < i0 + m; ++i) layer_norm(g.data() + i * r, int(r), nullptr, nullptr);
+    matmul_nn({g.data() + i0 * r, r}, m, {fuse_g.data(), r}, r, r, gf.data() + i0 * r, r);
   });
 
   // Per candidate (C,r): z = LN_gb(W_fuse [b ; g]), b from the vocabulary table when prepared.
   std::vector<float> z(C * r);
-  if (p.table) {
-    parallel_for(C, [&](int64_t c) {
-      for (int64_t j = 0; j < r; ++j) z[c * r + j] = p.table[ids[c] * r + j];
-    });
-  } else {
-    cand_rows(p.embed, p.embed_dtype, d, r, w.cand_proj, w.fuse_proj, ids.data(), C, z.data());
-  }
-  parallel_for(C, [&](int64_t c) {
-    float* zc = z.data() + c * r;
-    const float* g = gf.data() + (c / K) * r;
-    for (int64_t j = 0; j < r; ++j) zc[j] += g[j];
-    layer_norm(zc, int(r), w.fuse_gamma, w.fuse_beta);
+  if (!p.table) cand_rows(p.embed, p.embed_dtype, d, r, w.cand_proj, w.fuse_proj, ids.data(), C, z.data());
+  parallel_rows(C, [&](int64_t i0, int64_t m) {
+    for (int64_t c = i0; c < i0 + m; ++c) {
+      float* zc = z.data() + c * r;
+      const float* b = p.table ? p.table + ids[c] * r : zc;
+      const float* g = gf.data() + (c / K) * r;
+      for (int64_t j = 0; j < r; ++j) zc[j] = b[j] + g[j];
+      layer_norm(zc, int(r), w.fuse_gamma, w.fuse_beta);
+    }
   });
-
-  // Columns of W1 that multiply the two logits.
-  std::vector<float> w_la(H), w_lb(H);
-  for (int64_t j = 0; j < H; ++j) w_la[j] = w.w1[j * in + 3 * r], w_lb[j] = w.w1[j * in + 3 * r + 1];
+  // The first MLP layer split by input block (transposed for matmul_nn), and its two logit columns.
+  const std::vector<float> w1_s = transposed(w.w1, in, H, 0, r), w1_a = transposed(w.w1, in, H, r, r),
+                           w1_b = transposed(w.w1, in, H, 2 * r, r), w_la = transposed(w.w1, in, H, 3 * r, 1),
+                           w_lb = transposed(w.w1, in, H, 3 * r + 1, 1);
 
   // Successor terms (C,H): W1_b z + w_lb l.
   std::vector<float> succ(C * H);
   parallel_rows(C, [&](int64_t i0, int64_t m) {
-    matmul_nt({z.data() + i0 * r, r}, m, {w.w1 + 2 * r, in}, H, r, succ.data() + i0 * H, H);
+    matmul_nn({z.data() + i0 * r, r}, m, {w1_b.data(), H}, H, r, succ.data() + i0 * H, H);
     for (int64_t i = i0; i < i0 + m; ++i)
       for (int64_t j = 0; j < H; ++j) succ[i * H + j] += w_lb[j] * logit[i];
   });
@@ -154,14 +173,14 @@ void correct(const CorrectParams& p) {
       const int64_t slot = (t / (B - 1)) * B + t % (B - 1);
       for (int64_t j = 0; j < r; ++j) s[(t - i0) * r + j] = P[slot * r + j] + Q[(slot + 1) * r + j];
     }
-    matmul_nt({s, r}, m, {w.w1, in}, H, r, pair.data() + i0 * H, H);
+    matmul_nn({s, r}, m, {w1_s.data(), H}, H, r, pair.data() + i0 * H, H);
     for (int64_t i = i0; i < i0 + m; ++i)
       for (int64_t j = 0; j < H; ++j) pair[i * H + j] += w.b1[j];
   });
 
   // Predecessor terms of candidates (m rows from c0): W1_a z + w_la l, into out (m,H).
   auto pred_terms = [&](int64_t c0, int64_t m, float* out) {
-    matmul_nt({z.data() + c0 * r, r}, m, {w.w1 + r, in}, H, r, out, H);
+    matmul_nn({z.data() + c0 * r, r}, m, {w1_a.data(), H}, H, r, out, H);
     for (int64_t i = 0; i < m; ++i)
       for (int64_t j = 0; j < H; ++j) out[i * H + j] += w_la[j] * logit[c0 + i];
   };
@@ -210,8 +229,8 @@ void cand_table(const CandTableParams& p) {
 }
 
 void select(const SelectParams& p) {
-  require(p.R >= 0 && p.B >= 1 && p.K >= 1 && p.K <= kMaxCandidates && p.scores && p.first_logits && p.ranks &&
-              p.work && p.next,
+  require(p.R >= 0 && p.B >= 1 && p.K >= 1 && p.K <= kMaxCandidates && (p.B == 1 || p.scores) && p.first_logits &&
+              p.ranks && p.work && p.next,
           "dcoco.select: bad arguments");
   parallel_for(p.R, [&](int64_t q) { select_one(p, q); });
 }

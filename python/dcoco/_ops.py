@@ -37,9 +37,15 @@ _lib.define("cand_table(Tensor embed, Tensor cand_proj, Tensor fuse_proj) -> Ten
 _lib.define("select(Tensor scores, Tensor first_logits, str rule, float lam) -> Tensor")
 
 
+def require_tensors(**named) -> None:
+    """Type check before the dispatcher, whose own message for a non-tensor dumps the whole value."""
+    for name, t in named.items():
+        if not isinstance(t, torch.Tensor):
+            raise TypeError(f"{name}: expected a torch.Tensor, got {type(t).__name__}")
+
+
 def _float_tensor(name: str, t, ndim: int) -> None:
-    if not isinstance(t, torch.Tensor):
-        raise TypeError(f"{name}: expected a torch.Tensor, got {type(t).__name__}")
+    require_tensors(**{name: t})
     if t.dtype not in _FLOAT_CODES:
         raise TypeError(f"{name}: expected float32, bfloat16 or float16, got {t.dtype}")
     if t.dim() != ndim:
@@ -65,8 +71,7 @@ def _same_device(named: dict) -> torch.device:
 def check_inputs(hidden, cand_ids, cand_logits, embed, weights, table=None) -> tuple[int, ...]:
     """Validates the corrector's inputs; returns (R, B, K, d, V, r, H). Raises naming the argument."""
     _float_tensor("hidden", hidden, 3)
-    if not isinstance(cand_ids, torch.Tensor):
-        raise TypeError(f"cand_ids: expected a torch.Tensor, got {type(cand_ids).__name__}")
+    require_tensors(cand_ids=cand_ids)
     if cand_ids.dtype not in _ID_CODES:
         raise TypeError(f"cand_ids: expected int32 or int64 token ids, got {cand_ids.dtype}")
     if cand_ids.dim() != 3:

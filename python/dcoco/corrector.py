@@ -55,11 +55,13 @@ class Corrector(nn.Module):
     def score(self, hidden: torch.Tensor, cand_ids: torch.Tensor, cand_logits: torch.Tensor,
               embed: torch.Tensor) -> torch.Tensor:
         """scores[r,p,a,b] = S_{p+1}(a,b): float32 (R,B-1,K,K) for hidden (R,B,d), cand_ids/cand_logits (R,B,K)."""
+        _ops.require_tensors(hidden=hidden, cand_ids=cand_ids, cand_logits=cand_logits, embed=embed)
         return torch.ops.dcoco.score(hidden, cand_ids, cand_logits, embed, *self.weights())
 
     def forward(self, hidden: torch.Tensor, cand_ids: torch.Tensor, cand_logits: torch.Tensor,
                 embed: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Prefix-first greedy re-selection in one call of the core: (ranks, tokens), both int64 (R,B)."""
+        _ops.require_tensors(hidden=hidden, cand_ids=cand_ids, cand_logits=cand_logits, embed=embed)
         return torch.ops.dcoco.correct(hidden, cand_ids, cand_logits, embed, *self.weights(),
                                        self._fresh_table(embed))
 

@@ -15,4 +15,7 @@ def select(scores: torch.Tensor, first_logits: torch.Tensor, rule: str = "greedy
     geometric: the same with weight lam^(p-1) on S_p (the paper uses lam = 0.75).
     Ties go to the lower rank (at the earliest slot for the path rules); NaN loses to every number.
     """
+    _ops.require_tensors(scores=scores, first_logits=first_logits)
+    if not isinstance(rule, str):
+        raise TypeError(f"rule: expected one of {sorted(_ops.RULES)}, got {rule!r}")
     return torch.ops.dcoco.select(scores, first_logits, rule, float(lam))

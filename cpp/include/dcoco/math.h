@@ -11,6 +11,13 @@
 #define DCOCO_HD inline
 #endif
 
+// Host loops may sum in SIMD lanes (a different but equally exact-to-tolerance order than one thread).
+#if !defined(__CUDA_ARCH__) && defined(_OPENMP)
+#define DCOCO_SIMD_SUM _Pragma("omp simd reduction(+ : sum)")
+#else
+#define DCOCO_SIMD_SUM
+#endif
+
 namespace dcoco {
 
 constexpr float kLayerNormEps = 1e-5f;
@@ -62,12 +69,14 @@ DCOCO_HD float gelu(float x) { return 0.5f * x * (1.0f + erff(x * 0.707106781186
 // LayerNorm of one row in place, biased variance, eps 1e-5; gamma/beta may be null (no affine).
 // Two passes (mean, then centred variance) to stay accurate for rows with a large mean.
 DCOCO_HD void layer_norm(float* x, int n, const float* gamma, const float* beta) {
-  float mean = 0.f;
-  for (int i = 0; i < n; ++i) mean += x[i];
-  mean /= float(n);
-  float var = 0.f;
-  for (int i = 0; i < n; ++i) var += (x[i] - mean) * (x[i] - mean);
-  const float inv = 1.0f / sqrtf(var / float(n) + kLayerNormEps);
+  float sum = 0.f;
+  DCOCO_SIMD_SUM
+  for (int i = 0; i < n; ++i) sum += x[i];
+  const float mean = sum / float(n);
+  sum = 0.f;
+  DCOCO_SIMD_SUM
+  for (int i = 0; i < n; ++i) sum += (x[i] - mean) * (x[i] - mean);
+  const float inv = 1.0f / sqrtf(sum / float(n) + kLayerNormEps);
   for (int i = 0; i < n; ++i) {
     const float y = (x[i] - mean) * inv;
     x[i] = gamma ? y * gamma[i] + beta[i] : y;
@@ -79,9 +88,10 @@ DCOCO_HD void layer_norm(float* x, int n, const float* gamma, const float* beta)
 //   S = l_{p+1}(b) + b2 + sum_j w2[j] gelu(u[j] + a[j] + b[j])
 DCOCO_HD float transition_score(const float* u, const float* a, const float* b, const float* w2, int H,
                                 float b2, float l_next) {
-  float acc = 0.f;
-  for (int j = 0; j < H; ++j) acc += w2[j] * gelu(u[j] + a[j] + b[j]);
-  return l_next + (acc + b2);
+  float sum = 0.f;
+  DCOCO_SIMD_SUM
+  for (int j = 0; j < H; ++j) sum += w2[j] * gelu(u[j] + a[j] + b[j]);
+  return l_next + (sum + b2);
 }
 
 // Selection order: a larger value wins, NaN loses to every number, ties keep the lower rank

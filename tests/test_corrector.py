@@ -1,0 +1,73 @@
+"""The Corrector module: exact parameterisation, initialisation, inference table lifecycle, build info."""
+
+import os
+import shutil
+
+import pytest
+import torch
+
+import dcoco
+
+from conftest import make_case
+
+NAMES = {"cand_proj.weight": (128, "d"), "ctx_proj.weight": (128, "d"), "fuse_proj.weight": (128, 256),
+         "fuse_norm.weight": (128,), "fuse_norm.bias": (128,), "pair_proj.weight": (128, "2d"),
+         "mlp.0.weight": (256, 386), "mlp.0.bias": (256,), "mlp.2.weight": (1, 256), "mlp.2.bias": (1,)}
+
+
+@pytest.mark.parametrize("d,count", [(4096, 2_229_505), (2560, 1_443_073)])
+def test_exact_parameters(d, count):
+    m = dcoco.Corrector(d)
+    assert sum(p.numel() for p in m.parameters()) == count
+    shapes = {n: tuple(p.shape) for n, p in m.named_parameters()}
+    want = {n: tuple(d if x == "d" else 2 * d if x == "2d" else x for x in s) for n, s in NAMES.items()}
+    assert shapes == want
+    assert set(m.state_dict()) == set(NAMES)  # no buffers either: the inference table is not state
+
+
+def test_initialisation():
+    m = dcoco.Corrector(64)
+    assert torch.count_nonzero(m.mlp[2].weight) == 0 and torch.count_nonzero(m.mlp[2].bias) == 0
+    assert m.fuse_norm.eps == 1e-5
+    assert isinstance(m.mlp[1], torch.nn.GELU) and m.mlp[1].approximate == "none"
+
+
+def test_state_dict_round_trip_keeps_results():
+    case = make_case(3, 15, 16, 64, seed=1)
+    other = dcoco.Corrector(64)
+    other.load_state_dict(case.corrector.state_dict())
+    assert torch.equal(other.score(*case.inputs), case.corrector.score(*case.inputs))
+
+
+def test_stale_table_falls_back_with_a_warning():
+    case = make_case(4, 15, 16, 64, seed=2)
+    m = case.corrector
+    m.prepare_inference(case.embed)
+    with torch.no_grad():
+        m.cand_proj.weight.mul_(-1.0)  # in-place update after preparing: the table no longer matches
+    want = make_case(4, 15, 16, 64, seed=2)
+    with torch.no_grad():
+        want.corrector.cand_proj.weight.mul_(-1.0)
+    with pytest.warns(UserWarning, match="stale"):
+        ranks, _ = m(*case.inputs)
+    assert torch.equal(ranks, want.corrector(*case.inputs)[0])
+    other_embed = case.embed.clone()
+    m.prepare_inference(case.embed)
+    with pytest.warns(UserWarning, match="stale"):
+        m(case.hidden, case.cand_ids, case.cand_logits, other_embed)
+
+
+def test_cuda_available_says_no_here_and_explains():
+    info = dcoco.build_info()
+    assert dcoco.cuda_available() is (info["cuda_devices"] > 0 and info["built_with_cuda"])
+    assert isinstance(info["cuda_status"], str) and info["cuda_status"]
+
+
+@pytest.mark.skipif(os.environ.get("DCOCO_CUDA", "AUTO").upper() == "OFF", reason="built with DCOCO_CUDA=OFF")
+def test_cuda_is_compiled_whenever_nvcc_exists():
+    """CI has nvcc but no GPU: the CUDA sources must have been compiled (90a and 100a) all the same."""
+    if shutil.which("nvcc") is None and not os.environ.get("CUDACXX"):
+        assert not dcoco.build_info()["built_with_cuda"]
+    else:
+        info = dcoco.build_info()
+        assert info["built_with_cuda"] and info["cutlass"].startswith("4.")

@@ -1,0 +1,132 @@
+"""The three selection rules vs brute-force path search on small grids."""
+
+import itertools
+import math
+
+import pytest
+import torch
+
+import dcoco
+from dcoco import reference as ref
+
+
+def brute_force(scores, first, lam):
+    """Every path, valued first[k_1] + sum_p lam^p S_p(k_p, k_{p+1}) in float64; ties: lowest ranks at the
+    earliest slot (lexicographic order of the rank tuple), NaN values lose."""
+    R, T, K, _ = scores.shape
+    out = []
+    for q in range(R):
+        best, best_path = None, None
+        for path in itertools.product(range(K), repeat=T + 1):  # lexicographic order
+            v = float(first[q, path[0]])
+            for p in range(T):
+                v += lam ** p * float(scores[q, p, path[p], path[p + 1]])
+            if math.isnan(v):
+                continue
+            if best is None or v > best:
+                best, best_path = v, path
+        out.append(best_path if best_path is not None else (0,) * (T + 1))
+    return torch.tensor(out, dtype=torch.int64)
+
+
+def path_value(scores, first, ranks, lam):
+    R, T = scores.shape[:2]
+    v = first.double().gather(1, ranks[:, :1])[:, 0]
+    for p in range(T):
+        v = v + lam ** p * scores[torch.arange(R), p, ranks[:, p], ranks[:, p + 1]].double()
+    return v
+
+
+@pytest.mark.parametrize("R,B,K", [(3, 2, 4), (4, 4, 3), (2, 6, 2), (2, 5, 3), (1, 3, 1)])
+@pytest.mark.parametrize("rule,lam", [("global", 1.0), ("geometric", 0.75), ("geometric", 0.3)])
+def test_path_rules_find_the_best_path(R, B, K, rule, lam):
+    g = torch.Generator().manual_seed(R * 100 + B * 10 + K)
+    scores = torch.randn(R, B - 1, K, K, generator=g)
+    first = torch.randn(R, K, generator=g)
+    ranks = dcoco.select(scores, first, rule, lam)
+    best = brute_force(scores, first, 1.0 if rule == "global" else lam)
+    # the same path, or (float rounding of a near tie) one of the same value
+    same = (ranks == best).all(1)
+    torch.testing.assert_close(path_value(scores, first, ranks, lam if rule == "geometric" else 1.0)[~same],
+                               path_value(scores, first, best, lam if rule == "geometric" else 1.0)[~same])
+    assert same.float().mean() >= 0.5
+
+
+def test_global_beats_greedy_when_the_greedy_start_is_a_trap():
+    # slot 1: rank 0 leads by 1, but every continuation of rank 0 is poor
+    scores = torch.zeros(1, 1, 2, 2)
+    scores[0, 0, 0] = torch.tensor([-5.0, -6.0])
+    scores[0, 0, 1] = torch.tensor([3.0, 0.0])
+    first = torch.tensor([[1.0, 0.0]])
+    assert dcoco.select(scores, first, "greedy").tolist() == [[0, 0]]
+    assert dcoco.select(scores, first, "global").tolist() == [[1, 0]]
+
+
+def test_geometric_lambda_one_is_global():
+    g = torch.Generator().manual_seed(3)
+    scores, first = torch.randn(16, 14, 16, 16, generator=g), torch.randn(16, 16, generator=g)
+    assert torch.equal(dcoco.select(scores, first, "geometric", 1.0), dcoco.select(scores, first, "global"))
+
+
+def test_greedy_matches_the_literal_loop():
+    g = torch.Generator().manual_seed(4)
+    scores, first = torch.randn(8, 14, 16, 16, generator=g), torch.randn(8, 16, generator=g)
+    assert torch.equal(dcoco.select(scores, first), ref.greedy(scores, first))
+
+
+@pytest.mark.parametrize("rule", ["greedy", "global", "geometric"])
+def test_ties_go_to_the_lower_rank(rule):
+    # dyadic integers: every sum is exact, so the tie rule is all that decides
+    g = torch.Generator().manual_seed(5)
+    scores = torch.randint(-2, 3, (6, 3, 3, 3), generator=g).float()
+    first = torch.randint(-1, 2, (6, 3), generator=g).float()
+    ranks = dcoco.select(scores, first, rule, 0.5)
+    if rule == "greedy":
+        assert torch.equal(ranks, ref.greedy(scores, first))
+    else:
+        assert torch.equal(ranks, brute_force(scores, first, 1.0 if rule == "global" else 0.5))
+    flat = dcoco.select(torch.zeros(2, 4, 5, 5), torch.zeros(2, 5), rule)
+    assert torch.equal(flat, torch.zeros(2, 5, dtype=torch.int64))
+
+
+@pytest.mark.parametrize("rule", ["greedy", "global", "geometric"])
+def test_nan_never_wins(rule):
+    scores = torch.randn(2, 3, 4, 4, generator=torch.Generator().manual_seed(6))
+    first = torch.tensor([[float("nan"), 0.5, 0.1, 0.2], [0.3, 0.2, 0.1, 0.0]])
+    scores[:, :, :, 1] = float("nan")
+    ranks = dcoco.select(scores, first, rule)
+    assert ranks[0, 0] != 0
+    assert (ranks[:, 1:] != 1).all()
+    all_nan = dcoco.select(torch.full((1, 2, 3, 3), float("nan")), torch.full((1, 3), float("nan")), rule)
+    assert torch.equal(all_nan, torch.zeros(1, 3, dtype=torch.int64))
+
+
+def test_inf_logits_follow_ieee_order():
+    scores = torch.zeros(1, 1, 3, 3)
+    scores[0, 0, 0] = torch.tensor([float("-inf"), float("inf"), 0.0])
+    first = torch.tensor([[0.0, float("-inf"), float("inf")]])
+    assert dcoco.select(scores, first, "greedy").tolist() == [[2, 0]]
+
+
+def test_first_logits_in_low_precision():
+    g = torch.Generator().manual_seed(7)
+    scores, first = torch.randn(4, 5, 8, 8, generator=g), torch.randn(4, 8, generator=g)
+    for dt in (torch.bfloat16, torch.float16):
+        assert torch.equal(dcoco.select(scores, first.to(dt), "global"), dcoco.select(scores, first.to(dt).float(), "global"))
+
+
+@pytest.mark.skipif(not dcoco.cuda_available(), reason="needs a CUDA device (runs in bench/gpu_check.sh)")
+def test_select_on_cuda_matches_cpu_and_captures():
+    g = torch.Generator().manual_seed(8)
+    scores, first = torch.randn(64, 14, 16, 16, generator=g), torch.randn(64, 16, generator=g)
+    for rule in ("greedy", "global", "geometric"):
+        want = dcoco.select(scores, first, rule)
+        got = dcoco.select(scores.cuda(), first.cuda(), rule)
+        assert torch.equal(got.cpu(), want)
+        graph = torch.cuda.CUDAGraph()
+        s, f = scores.cuda(), first.cuda()
+        with torch.cuda.graph(graph):
+            out = dcoco.select(s, f, rule)
+        graph.replay()
+        torch.cuda.synchronize()
+        assert torch.equal(out.cpu(), want)
