@@ -2,6 +2,7 @@
 // OpenMP over rows, slots and requests. Rank-split first MLP layer (SPEC.md): per pair u, per
 // predecessor a, per successor b; the K^2 part is adds + GELU + a dot with w2.
 #include <algorithm>
+#include <memory>
 #include <stdexcept>
 #include <string>
 #include <vector>
@@ -28,6 +29,15 @@ void parallel_rows(int64_t n, F&& f) {
     const int64_t i = t * kRowsPerTask;
     f(i, std::min(kRowsPerTask, n - i));
   });
+}
+
+// The calling thread's workspace for one call: grows, is kept, and is never zero-filled, so the large
+// per-call buffers cost no page faults or memsets on the hot path.
+float* arena(int64_t n) {
+  thread_local std::unique_ptr<float[]> buf;
+  thread_local int64_t cap = 0;
+  if (n > cap) buf.reset(new float[n]), cap = n;
+  return buf.get();
 }
 
 std::vector<float>& scratch(int slot) {  // per-thread buffers, reused across calls
@@ -114,41 +124,38 @@ void correct(const CorrectParams& p) {
   const int64_t S = R * B, C = S * K, T = R * (B - 1);  // slots, candidates, transitions (pairs)
   const Weights& w = p.w;
   const std::vector<int64_t> ids = checked_ids(p);
-  std::vector<float> logit(C);
+  const int64_t blocks = (S + kRowsPerTask - 1) / kRowsPerTask, ld = padded_lanes(std::min(S, kRowsPerTask));
+  float* logit = arena(C + 4 * S * r + blocks * d * ld + C * r + C * H + T * H);
+  float *g = logit + C, *gf = g + S * r, *P = gf + S * r, *Q = P + S * r, *xt = Q + S * r;
+  float *z = xt + blocks * d * ld, *succ = z + C * r, *pair = succ + C * H;
   for (int64_t i = 0; i < C; ++i) logit[i] = load_float(p.cand_logits, p.logits_dtype, i);
 
   // Per slot (S,r): gf = W_fuse[:, r:] LN(W_ctx h), P = W_pair[:, :d] h, Q = W_pair[:, d:] h.
   // Tasks are (block of slots, one of the three d-wide weights), so R = 1 still uses every thread.
-  std::vector<float> g(S * r), gf(S * r), P(S * r), Q(S * r);
-  {
-    const int64_t blocks = (S + kRowsPerTask - 1) / kRowsPerTask, ld = padded_lanes(std::min(S, kRowsPerTask));
-    std::vector<float> xt(blocks * d * ld);
-    parallel_for(blocks, [&](int64_t t) {
-      const int64_t i0 = t * kRowsPerTask;
-      gather_rows_t(p.hidden, p.hidden_dtype, d, nullptr, i0, std::min(kRowsPerTask, S - i0), xt.data() + t * d * ld);
-    });
-    const float* mats[3] = {w.ctx_proj, w.pair_proj, w.pair_proj + d};
-    float* outs[3] = {g.data(), P.data(), Q.data()};
-    parallel_for(3 * blocks, [&](int64_t t) {
-      const int64_t blk = t / 3, i0 = blk * kRowsPerTask, m = std::min(kRowsPerTask, S - i0), which = t % 3;
-      project_t({xt.data() + blk * d * ld, ld}, m, {mats[which], which ? 2 * d : d}, r, d, outs[which] + i0 * r, r);
-    });
-  }
+  parallel_for(blocks, [&](int64_t t) {
+    const int64_t i0 = t * kRowsPerTask;
+    gather_rows_t(p.hidden, p.hidden_dtype, d, nullptr, i0, std::min(kRowsPerTask, S - i0), xt + t * d * ld);
+  });
+  const float* mats[3] = {w.ctx_proj, w.pair_proj, w.pair_proj + d};
+  float* outs[3] = {g, P, Q};
+  parallel_for(3 * blocks, [&](int64_t t) {
+    const int64_t blk = t / 3, i0 = blk * kRowsPerTask, m = std::min(kRowsPerTask, S - i0), which = t % 3;
+    project_t({xt + blk * d * ld, ld}, m, {mats[which], which ? 2 * d : d}, r, d, outs[which] + i0 * r, r);
+  });
   const std::vector<float> fuse_g = transposed(w.fuse_proj, 2 * r, r, r, r);
   parallel_rows(S, [&](int64_t i0, int64_t m) {
-    for (int64_t i = i0; i < i0 + m; ++i) layer_norm(g.data() + i * r, int(r), nullptr, nullptr);
-    matmul_nn({g.data() + i0 * r, r}, m, {fuse_g.data(), r}, r, r, gf.data() + i0 * r, r);
+    for (int64_t i = i0; i < i0 + m; ++i) layer_norm(g + i * r, int(r), nullptr, nullptr);
+    matmul_nn({g + i0 * r, r}, m, {fuse_g.data(), r}, r, r, gf + i0 * r, r);
   });
 
   // Per candidate (C,r): z = LN_gb(W_fuse [b ; g]), b from the vocabulary table when prepared.
-  std::vector<float> z(C * r);
-  if (!p.table) cand_rows(p.embed, p.embed_dtype, d, r, w.cand_proj, w.fuse_proj, ids.data(), C, z.data());
+  if (!p.table) cand_rows(p.embed, p.embed_dtype, d, r, w.cand_proj, w.fuse_proj, ids.data(), C, z);
   parallel_rows(C, [&](int64_t i0, int64_t m) {
     for (int64_t c = i0; c < i0 + m; ++c) {
-      float* zc = z.data() + c * r;
+      float* zc = z + c * r;
       const float* b = p.table ? p.table + ids[c] * r : zc;
-      const float* g = gf.data() + (c / K) * r;
-      for (int64_t j = 0; j < r; ++j) zc[j] = b[j] + g[j];
+      const float* gc = gf + (c / K) * r;
+      for (int64_t j = 0; j < r; ++j) zc[j] = b[j] + gc[j];
       layer_norm(zc, int(r), w.fuse_gamma, w.fuse_beta);
     }
   });
@@ -158,29 +165,27 @@ void correct(const CorrectParams& p) {
                            w_lb = transposed(w.w1, in, H, 3 * r + 1, 1);
 
   // Successor terms (C,H): W1_b z + w_lb l.
-  std::vector<float> succ(C * H);
   parallel_rows(C, [&](int64_t i0, int64_t m) {
-    matmul_nn({z.data() + i0 * r, r}, m, {w1_b.data(), H}, H, r, succ.data() + i0 * H, H);
+    matmul_nn({z + i0 * r, r}, m, {w1_b.data(), H}, H, r, succ + i0 * H, H);
     for (int64_t i = i0; i < i0 + m; ++i)
       for (int64_t j = 0; j < H; ++j) succ[i * H + j] += w_lb[j] * logit[i];
   });
 
   // Pair terms (T,H): W1_s (P_p + Q_{p+1}) + b1.
-  std::vector<float> pair(T * H);
   parallel_rows(T, [&](int64_t i0, int64_t m) {
     float* s = scratch(0, m * r);
     for (int64_t t = i0; t < i0 + m; ++t) {
       const int64_t slot = (t / (B - 1)) * B + t % (B - 1);
       for (int64_t j = 0; j < r; ++j) s[(t - i0) * r + j] = P[slot * r + j] + Q[(slot + 1) * r + j];
     }
-    matmul_nn({s, r}, m, {w1_s.data(), H}, H, r, pair.data() + i0 * H, H);
+    matmul_nn({s, r}, m, {w1_s.data(), H}, H, r, pair + i0 * H, H);
     for (int64_t i = i0; i < i0 + m; ++i)
       for (int64_t j = 0; j < H; ++j) pair[i * H + j] += w.b1[j];
   });
 
   // Predecessor terms of candidates (m rows from c0): W1_a z + w_la l, into out (m,H).
   auto pred_terms = [&](int64_t c0, int64_t m, float* out) {
-    matmul_nn({z.data() + c0 * r, r}, m, {w1_a.data(), H}, H, r, out, H);
+    matmul_nn({z + c0 * r, r}, m, {w1_a.data(), H}, H, r, out, H);
     for (int64_t i = 0; i < m; ++i)
       for (int64_t j = 0; j < H; ++j) out[i * H + j] += w_la[j] * logit[c0 + i];
   };
@@ -188,7 +193,7 @@ void correct(const CorrectParams& p) {
   auto score_row = [&](int64_t t, const float* a_terms, float* out) {
     const int64_t next = ((t / (B - 1)) * B + t % (B - 1) + 1) * K;  // first candidate of slot p+1
     for (int64_t b = 0; b < K; ++b)
-      out[b] = transition_score(pair.data() + t * H, a_terms, succ.data() + (next + b) * H, w.w2, int(H), w.b2[0],
+      out[b] = transition_score(pair + t * H, a_terms, succ + (next + b) * H, w.w2, int(H), w.b2[0],
                                 logit[next + b]);
   };
 
@@ -205,7 +210,7 @@ void correct(const CorrectParams& p) {
     int64_t* ranks = p.ranks + q * B;
     float* a_terms = scratch(2, H + K);
     float* row = a_terms + H;
-    int64_t k = argmax(logit.data() + q * B * K, int(K));
+    int64_t k = argmax(logit + q * B * K, int(K));
     ranks[0] = k;
     for (int64_t s = 0; s + 1 < B; ++s) {
       const int64_t t = q * (B - 1) + s;

