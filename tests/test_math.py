@@ -9,11 +9,14 @@ import torch.nn.functional as F
 from dcoco import _C
 
 
-def test_gelu_is_the_exact_erf_form():
-    xs = torch.cat([torch.linspace(-12, 12, 2001), torch.randn(500, generator=torch.Generator().manual_seed(1)) * 3])
+def test_gelu_is_the_erf_form():
+    """0.5 x (1 + erf(x / sqrt 2)) with the rational erf of math.h: |erf error| <= 3.3e-7 (scripts/fit_erf.py),
+    so |GELU error| <= 0.5 |x| 3.3e-7 plus float32 rounding of the product."""
+    xs = torch.cat([torch.linspace(-12, 12, 20001), torch.randn(500, generator=torch.Generator().manual_seed(1)) * 3])
     ours = torch.tensor([_C.gelu(float(x)) for x in xs], dtype=torch.float64)
     exact = F.gelu(xs.double())
-    torch.testing.assert_close(ours, exact, rtol=2e-6, atol=1e-7)
+    bound = 0.5 * xs.double().abs() * 3.3e-7 + 6e-8 * exact.abs() + 1e-12
+    assert ((ours - exact).abs() <= bound).all(), (ours - exact).abs().max()
     # the tanh approximation differs by ~1e-3 near |x| = 2: make sure that is not what we compute
     assert abs(_C.gelu(2.0) - F.gelu(torch.tensor(2.0, dtype=torch.float64), approximate="tanh").item()) > 1e-5
 

@@ -1,6 +1,7 @@
 // The CPU path: the corrector's forward from the shared arithmetic (dcoco/math.h), threaded with
-// OpenMP over rows, slots and requests. Rank-split first MLP layer (SPEC.md): per pair u, per
-// predecessor a, per successor b; the K^2 part is adds + GELU + a dot with w2.
+// OpenMP over blocks of 32 rows (slots, candidates, pairs) and over requests for the walk.
+// Rank-split first MLP layer (SPEC.md): per pair u, per predecessor a, per successor b; the K^2 part
+// is adds + GELU + a dot with w2, and the greedy walk scores only the chosen predecessor's row.
 #include <algorithm>
 #include <memory>
 #include <stdexcept>
@@ -9,12 +10,10 @@
 
 #include "dcoco/api.h"
 #include "dcoco/select.h"
-#include "matmul.h"
+#include "kernels.h"
 
 namespace dcoco::cpu {
 namespace {
-
-constexpr int64_t kRowsPerTask = 32;
 
 template <class F>
 void parallel_for(int64_t n, F&& f) {
@@ -22,17 +21,14 @@ void parallel_for(int64_t n, F&& f) {
   for (int64_t i = 0; i < n; ++i) f(i);
 }
 
-// Runs f(row0, rows) over [0,n) in blocks of kRowsPerTask.
+// f(i0, m) over [0,n) in blocks of kLanes rows.
 template <class F>
-void parallel_rows(int64_t n, F&& f) {
-  parallel_for((n + kRowsPerTask - 1) / kRowsPerTask, [&](int64_t t) {
-    const int64_t i = t * kRowsPerTask;
-    f(i, std::min(kRowsPerTask, n - i));
-  });
+void parallel_blocks(int64_t n, F&& f) {
+  parallel_for((n + kLanes - 1) / kLanes, [&](int64_t t) { f(t * kLanes, std::min(kLanes, n - t * kLanes)); });
 }
 
-// The calling thread's workspace for one call: grows, is kept, and is never zero-filled, so the large
-// per-call buffers cost no page faults or memsets on the hot path.
+// The calling thread's workspace: grows, is kept, and is never zero-filled, so large per-call
+// buffers cost no page faults or memsets on the hot path.
 float* arena(int64_t n) {
   thread_local std::unique_ptr<float[]> buf;
   thread_local int64_t cap = 0;
@@ -40,47 +36,48 @@ float* arena(int64_t n) {
   return buf.get();
 }
 
-std::vector<float>& scratch(int slot) {  // per-thread buffers, reused across calls
-  thread_local std::vector<float> bufs[3];
-  return bufs[slot];
-}
-
+// A worker's small scratch (lane blocks, one walk row), reused across calls.
 float* scratch(int slot, int64_t n) {
-  auto& v = scratch(slot);
-  if (int64_t(v.size()) < n) v.resize(n);
-  return v.data();
+  thread_local std::vector<float> bufs[2];
+  if (int64_t(bufs[slot].size()) < n) bufs[slot].resize(n);
+  return bufs[slot].data();
 }
 
-// xt(d, padded_lanes(n)) f32 = src[rows[i]] transposed, zero padding (rows == null: row0..row0+n-1).
-void gather_rows_t(const void* src, DType t, int64_t d, const int64_t* rows, int64_t row0, int64_t n, float* xt) {
-  const int64_t ld = padded_lanes(n);
-  for (int64_t i = 0; i < n; ++i) {
-    const int64_t base = (rows ? rows[i] : row0 + i) * d;
-    for (int64_t j = 0; j < d; ++j) xt[j * ld + i] = load_float(src, t, base + j);
+// xt(k1-k0, kLanes) = columns k0..k1 of rows of src (rows == null: row0..row0+m-1) as float, transposed,
+// zero padded. The dtype is dispatched once, outside the loops.
+template <class Load>
+void gather_lanes_as(Load load, int64_t d, const int64_t* rows, int64_t row0, int64_t m, int64_t k0, int64_t k1,
+                     float* xt) {
+  for (int64_t j = 0; j < m; ++j) {
+    const int64_t base = (rows ? rows[j] : row0 + j) * d;
+    for (int64_t k = k0; k < k1; ++k) xt[(k - k0) * kLanes + j] = load(base + k);
   }
-  for (int64_t j = 0; j < d; ++j)
-    for (int64_t i = n; i < ld; ++i) xt[j * ld + i] = 0.f;
+  for (int64_t k = k0; k < k1; ++k) std::fill(xt + (k - k0) * kLanes + m, xt + (k - k0 + 1) * kLanes, 0.f);
 }
 
-// The (rows, cols) block of W starting at column c0, transposed into a dense (cols, rows) copy.
-std::vector<float> transposed(const float* W, int64_t ld, int64_t rows, int64_t c0, int64_t cols) {
-  std::vector<float> t(cols * rows);
-  for (int64_t i = 0; i < rows; ++i)
-    for (int64_t j = 0; j < cols; ++j) t[j * rows + i] = W[i * ld + c0 + j];
-  return t;
+void gather_lanes(const void* src, DType t, int64_t d, const int64_t* rows, int64_t row0, int64_t m, float* xt,
+                  int64_t k0 = 0, int64_t k1 = -1) {
+  if (k1 < 0) k1 = d;
+  const auto* h = static_cast<const uint16_t*>(src);
+  if (t == DType::bf16)
+    gather_lanes_as([h](int64_t i) { return bf16_to_float(h[i]); }, d, rows, row0, m, k0, k1, xt);
+  else if (t == DType::f16)
+    gather_lanes_as([h](int64_t i) { return f16_to_float(h[i]); }, d, rows, row0, m, k0, k1, xt);
+  else
+    gather_lanes_as([src](int64_t i) { return static_cast<const float*>(src)[i]; }, d, rows, row0, m, k0, k1, xt);
 }
 
-// out(n,r) = W_fuse[:, :r] LN(W_cand E[rows]): the candidate half of the fusion before adding W_fuse[:, r:] g.
+// out(n,r) = W_fuse[:, :r] LN(W_cand E[rows]): the candidate half of the fusion, before W_fuse[:, r:] g.
 void cand_rows(const void* embed, DType et, int64_t d, int64_t r, const float* cand_proj, const float* fuse_proj,
                const int64_t* rows, int64_t n, float* out) {
-  const std::vector<float> fuse_b = transposed(fuse_proj, 2 * r, r, 0, r);
-  parallel_rows(n, [&](int64_t i0, int64_t m) {
-    float* xt = scratch(0, d * padded_lanes(m));
-    float* b = scratch(1, m * r);
-    gather_rows_t(embed, et, d, rows ? rows + i0 : nullptr, i0, m, xt);
-    project_t({xt, padded_lanes(m)}, m, {cand_proj, d}, r, d, b, r);
+  parallel_blocks(n, [&](int64_t i0, int64_t m) {
+    float* xt = scratch(0, std::max(d, r) * kLanes);
+    float* b = scratch(1, kLanes * r);
+    gather_lanes(embed, et, d, rows ? rows + i0 : nullptr, i0, m, xt);
+    project_t({xt, kLanes}, m, {cand_proj, d}, r, d, b, r);
     for (int64_t i = 0; i < m; ++i) layer_norm(b + i * r, int(r), nullptr, nullptr);
-    matmul_nn({b, r}, m, {fuse_b.data(), r}, r, r, out + i0 * r, r);
+    to_lanes({b, r}, m, r, xt);
+    project_t({xt, kLanes}, m, {fuse_proj, 2 * r}, r, r, out + i0 * r, r);
   });
 }
 
@@ -124,33 +121,45 @@ void correct(const CorrectParams& p) {
   const int64_t S = R * B, C = S * K, T = R * (B - 1);  // slots, candidates, transitions (pairs)
   const Weights& w = p.w;
   const std::vector<int64_t> ids = checked_ids(p);
-  const int64_t blocks = (S + kRowsPerTask - 1) / kRowsPerTask, ld = padded_lanes(std::min(S, kRowsPerTask));
-  float* logit = arena(C + 4 * S * r + blocks * d * ld + C * r + C * H + T * H);
-  float *g = logit + C, *gf = g + S * r, *P = gf + S * r, *Q = P + S * r, *xt = Q + S * r;
-  float *z = xt + blocks * d * ld, *succ = z + C * r, *pair = succ + C * H;
+  const bool grid = p.scores != nullptr;
+  // Workspace: logits (C), hidden as lane blocks (d, kLanes) per 32 slots, per slot g, gf, P, Q (S,r),
+  // z (C,r), successor terms (C,H), pair terms (T,H), and predecessor terms (C,H) when the whole grid is
+  // wanted (the walk computes one row per step instead).
+  const int64_t Sp = (S + kLanes - 1) / kLanes * kLanes;
+  float* logit = arena(C + Sp * d + 4 * S * r + C * r + C * H + T * H + (grid ? C * H : 0));
+  float *ht = logit + C, *g = ht + Sp * d, *gf = g + S * r, *P = gf + S * r, *Q = P + S * r, *z = Q + S * r;
+  float *succ = z + C * r, *pair = succ + C * H, *pred = pair + T * H;
   for (int64_t i = 0; i < C; ++i) logit[i] = load_float(p.cand_logits, p.logits_dtype, i);
+  auto w1 = [&](int64_t col) { return Mat{w.w1 + col, in}; };  // W1's block of input columns from col
 
-  // Per slot (S,r): gf = W_fuse[:, r:] LN(W_ctx h), P = W_pair[:, :d] h, Q = W_pair[:, d:] h.
-  // Tasks are (block of slots, one of the three d-wide weights), so R = 1 still uses every thread.
-  parallel_for(blocks, [&](int64_t t) {
-    const int64_t i0 = t * kRowsPerTask;
-    gather_rows_t(p.hidden, p.hidden_dtype, d, nullptr, i0, std::min(kRowsPerTask, S - i0), xt + t * d * ld);
+  // Per slot (S,r): g = LN(W_ctx h), P = W_pair[:, :d] h, Q = W_pair[:, d:] h. The hidden rows are
+  // gathered once as lane blocks (tasks: block x slice of d), then projected by tasks (block, weight),
+  // so R = 1 still uses every thread.
+  const int64_t blocks = (S + kLanes - 1) / kLanes, slices = (d + 255) / 256;
+  parallel_for(blocks * slices, [&](int64_t t) {
+    const int64_t i0 = t / slices * kLanes, k0 = t % slices * 256;
+    gather_lanes(p.hidden, p.hidden_dtype, d, nullptr, i0, std::min(kLanes, S - i0), ht + i0 * d + k0 * kLanes,
+                 k0, std::min(d, k0 + 256));
   });
-  const float* mats[3] = {w.ctx_proj, w.pair_proj, w.pair_proj + d};
+  const Mat mats[3] = {{w.ctx_proj, d}, {w.pair_proj, 2 * d}, {w.pair_proj + d, 2 * d}};
   float* outs[3] = {g, P, Q};
   parallel_for(3 * blocks, [&](int64_t t) {
-    const int64_t blk = t / 3, i0 = blk * kRowsPerTask, m = std::min(kRowsPerTask, S - i0), which = t % 3;
-    project_t({xt + blk * d * ld, ld}, m, {mats[which], which ? 2 * d : d}, r, d, outs[which] + i0 * r, r);
+    const int64_t i0 = t / 3 * kLanes;
+    project_t({ht + i0 * d, kLanes}, std::min(kLanes, S - i0), mats[t % 3], r, d, outs[t % 3] + i0 * r, r);
   });
-  const std::vector<float> fuse_g = transposed(w.fuse_proj, 2 * r, r, r, r);
-  parallel_rows(S, [&](int64_t i0, int64_t m) {
+  // gf = W_fuse[:, r:] g after the LayerNorm.
+  parallel_blocks(S, [&](int64_t i0, int64_t m) {
+    float* xt = scratch(0, r * kLanes);
     for (int64_t i = i0; i < i0 + m; ++i) layer_norm(g + i * r, int(r), nullptr, nullptr);
-    matmul_nn({g + i0 * r, r}, m, {fuse_g.data(), r}, r, r, gf + i0 * r, r);
+    to_lanes({g + i0 * r, r}, m, r, xt);
+    project_t({xt, kLanes}, m, {w.fuse_proj + r, 2 * r}, r, r, gf + i0 * r, r);
   });
 
-  // Per candidate (C,r): z = LN_gb(W_fuse [b ; g]), b from the vocabulary table when prepared.
+  // Per candidate: z = LN_gb(W_fuse [b ; g]) (C,r), b from the vocabulary table when prepared; then the
+  // successor terms W1_b z + w_lb l and, for the grid, the predecessor terms W1_a z + w_la l (C,H).
   if (!p.table) cand_rows(p.embed, p.embed_dtype, d, r, w.cand_proj, w.fuse_proj, ids.data(), C, z);
-  parallel_rows(C, [&](int64_t i0, int64_t m) {
+  parallel_blocks(C, [&](int64_t i0, int64_t m) {
+    float* xt = scratch(0, r * kLanes);
     for (int64_t c = i0; c < i0 + m; ++c) {
       float* zc = z + c * r;
       const float* b = p.table ? p.table + ids[c] * r : zc;
@@ -158,67 +167,56 @@ void correct(const CorrectParams& p) {
       for (int64_t j = 0; j < r; ++j) zc[j] = b[j] + gc[j];
       layer_norm(zc, int(r), w.fuse_gamma, w.fuse_beta);
     }
-  });
-  // The first MLP layer split by input block (transposed for matmul_nn), and its two logit columns.
-  const std::vector<float> w1_s = transposed(w.w1, in, H, 0, r), w1_a = transposed(w.w1, in, H, r, r),
-                           w1_b = transposed(w.w1, in, H, 2 * r, r), w_la = transposed(w.w1, in, H, 3 * r, 1),
-                           w_lb = transposed(w.w1, in, H, 3 * r + 1, 1);
-
-  // Successor terms (C,H): W1_b z + w_lb l.
-  parallel_rows(C, [&](int64_t i0, int64_t m) {
-    matmul_nn({z + i0 * r, r}, m, {w1_b.data(), H}, H, r, succ + i0 * H, H);
-    for (int64_t i = i0; i < i0 + m; ++i)
-      for (int64_t j = 0; j < H; ++j) succ[i * H + j] += w_lb[j] * logit[i];
+    to_lanes({z + i0 * r, r}, m, r, xt);
+    project_t({xt, kLanes}, m, w1(2 * r), H, r, succ + i0 * H, H);
+    if (grid) project_t({xt, kLanes}, m, w1(r), H, r, pred + i0 * H, H);
+    for (int64_t c = i0; c < i0 + m; ++c)
+      for (int64_t j = 0; j < H; ++j) {
+        succ[c * H + j] += w.w1[j * in + 3 * r + 1] * logit[c];
+        if (grid) pred[c * H + j] += w.w1[j * in + 3 * r] * logit[c];
+      }
   });
 
-  // Pair terms (T,H): W1_s (P_p + Q_{p+1}) + b1.
-  parallel_rows(T, [&](int64_t i0, int64_t m) {
-    float* s = scratch(0, m * r);
+  // Per pair (T,H): W1_s (P_p + Q_{p+1}) + b1.
+  parallel_blocks(T, [&](int64_t i0, int64_t m) {
+    float* xt = scratch(0, r * kLanes);
+    float* s = scratch(1, kLanes * r);
     for (int64_t t = i0; t < i0 + m; ++t) {
       const int64_t slot = (t / (B - 1)) * B + t % (B - 1);
       for (int64_t j = 0; j < r; ++j) s[(t - i0) * r + j] = P[slot * r + j] + Q[(slot + 1) * r + j];
     }
-    matmul_nn({s, r}, m, {w1_s.data(), H}, H, r, pair + i0 * H, H);
-    for (int64_t i = i0; i < i0 + m; ++i)
-      for (int64_t j = 0; j < H; ++j) pair[i * H + j] += w.b1[j];
+    to_lanes({s, r}, m, r, xt);
+    project_t({xt, kLanes}, m, w1(0), H, r, pair + i0 * H, H);
+    for (int64_t t = i0; t < i0 + m; ++t)
+      for (int64_t j = 0; j < H; ++j) pair[t * H + j] += w.b1[j];
   });
 
-  // Predecessor terms of candidates (m rows from c0): W1_a z + w_la l, into out (m,H).
-  auto pred_terms = [&](int64_t c0, int64_t m, float* out) {
-    matmul_nn({z + c0 * r, r}, m, {w1_a.data(), H}, H, r, out, H);
-    for (int64_t i = 0; i < m; ++i)
-      for (int64_t j = 0; j < H; ++j) out[i * H + j] += w_la[j] * logit[c0 + i];
-  };
-  // Scores of one predecessor row: out[b] = S(a, b) for the transition t = (req, p).
+  // out[b] = S(a, b) of transition t = (request, p) for predecessor terms a_terms.
   auto score_row = [&](int64_t t, const float* a_terms, float* out) {
     const int64_t next = ((t / (B - 1)) * B + t % (B - 1) + 1) * K;  // first candidate of slot p+1
-    for (int64_t b = 0; b < K; ++b)
-      out[b] = transition_score(pair + t * H, a_terms, succ + (next + b) * H, w.w2, int(H), w.b2[0],
-                                logit[next + b]);
+    cpu::score_row(pair + t * H, a_terms, succ + next * H, w.w2, int(H), w.b2[0], logit + next, int(K), out);
   };
-
-  if (p.scores) {
+  if (grid) {
     parallel_for(T, [&](int64_t t) {
-      const int64_t c0 = ((t / (B - 1)) * B + t % (B - 1)) * K;
-      float* a_terms = scratch(2, K * H);
-      pred_terms(c0, K, a_terms);
-      for (int64_t a = 0; a < K; ++a) score_row(t, a_terms + a * H, p.scores + (t * K + a) * K);
+      const int64_t c0 = ((t / (B - 1)) * B + t % (B - 1)) * K;  // first candidate of slot p
+      for (int64_t a = 0; a < K; ++a) score_row(t, pred + (c0 + a) * H, p.scores + (t * K + a) * K);
     });
   }
   if (!p.ranks) return;
   parallel_for(R, [&](int64_t q) {
     int64_t* ranks = p.ranks + q * B;
-    float* a_terms = scratch(2, H + K);
+    float* a_terms = scratch(0, H + K);
     float* row = a_terms + H;
     int64_t k = argmax(logit + q * B * K, int(K));
     ranks[0] = k;
     for (int64_t s = 0; s + 1 < B; ++s) {
-      const int64_t t = q * (B - 1) + s;
+      const int64_t t = q * (B - 1) + s, c = (q * B + s) * K + k;
       const float* scores = row;
-      if (p.scores) {
+      if (grid) {
         scores = p.scores + (t * K + k) * K;
-      } else {
-        pred_terms((q * B + s) * K + k, 1, a_terms);  // greedy reads one predecessor row only
+      } else {  // greedy reads one predecessor row only
+        matvec(w1(r), H, r, z + c * r, a_terms);
+        for (int64_t j = 0; j < H; ++j) a_terms[j] += w.w1[j * in + 3 * r] * logit[c];
         score_row(t, a_terms, row);
       }
       ranks[s + 1] = k = argmax(scores, int(K));

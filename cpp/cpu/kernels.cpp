@@ -1,0 +1,71 @@
+#include "kernels.h"
+
+#include "dcoco/math.h"
+
+#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
+#define DCOCO_ISA_CLONES __attribute__((target_clones("avx512f", "avx2", "default")))
+#else
+#define DCOCO_ISA_CLONES
+#endif
+#define DCOCO_INLINE __attribute__((always_inline)) inline
+
+namespace dcoco::cpu {
+namespace {
+
+constexpr int64_t kDepth = 256;  // Kd block: a (256, kLanes) slice of Xt stays in L1
+
+// (MB, kLanes) outputs: MB weight rows broadcast against kLanes activation columns, accumulated over
+// Kd; stored transposed (Y row = activation) for the first `valid` columns.
+template <int MB>
+DCOCO_INLINE void tile(Mat W, Mat Xt, int64_t Kd, float* Y, int64_t ldy, int64_t valid, bool accumulate) {
+  float acc[MB][kLanes] = {};
+  for (int64_t k = 0; k < Kd; ++k) {
+    const float* x = Xt.ptr + k * Xt.ld;
+    for (int i = 0; i < MB; ++i) {
+      const float w = W.ptr[i * W.ld + k];
+      for (int j = 0; j < kLanes; ++j) acc[i][j] += w * x[j];
+    }
+  }
+  for (int j = 0; j < valid; ++j)
+    for (int i = 0; i < MB; ++i) Y[j * ldy + i] = accumulate ? Y[j * ldy + i] + acc[i][j] : acc[i][j];
+}
+
+}  // namespace
+
+DCOCO_ISA_CLONES void project_t(Mat Xt, int64_t M, Mat W, int64_t N, int64_t Kd, float* Y, int64_t ldy) {
+  if (Kd == 0) {
+    for (int64_t j = 0; j < M; ++j) std::fill(Y + j * ldy, Y + j * ldy + N, 0.f);
+    return;
+  }
+  for (int64_t k0 = 0; k0 < Kd; k0 += kDepth) {
+    const int64_t kd = std::min(kDepth, Kd - k0);
+    const Mat Xk{Xt.ptr + k0 * Xt.ld, Xt.ld};
+    int64_t i = 0;
+    for (; i + 8 <= N; i += 8) tile<8>({W.ptr + i * W.ld + k0, W.ld}, Xk, kd, Y + i, ldy, M, k0 > 0);
+    for (; i < N; ++i) tile<1>({W.ptr + i * W.ld + k0, W.ld}, Xk, kd, Y + i, ldy, M, k0 > 0);
+  }
+}
+
+DCOCO_ISA_CLONES void matvec(Mat W, int64_t N, int64_t Kd, const float* x, float* y) {
+  for (int64_t i = 0; i < N; ++i) {
+    const float* w = W.ptr + i * W.ld;
+    float sum = 0.f;
+#pragma omp simd reduction(+ : sum)
+    for (int64_t k = 0; k < Kd; ++k) sum += w[k] * x[k];
+    y[i] = sum;
+  }
+}
+
+DCOCO_ISA_CLONES void score_row(const float* u, const float* a, const float* succ, const float* w2, int H, float b2,
+                                const float* l_next, int K, float* out) {
+  for (int b = 0; b < K; ++b) out[b] = transition_score(u, a, succ + int64_t(b) * H, w2, H, b2, l_next[b]);
+}
+
+void to_lanes(Mat X, int64_t M, int64_t Kd, float* Xt) {
+  for (int64_t k = 0; k < Kd; ++k) {
+    for (int64_t j = 0; j < M; ++j) Xt[k * kLanes + j] = X.ptr[j * X.ld + k];
+    for (int64_t j = M; j < kLanes; ++j) Xt[k * kLanes + j] = 0.f;
+  }
+}
+
+}  // namespace dcoco::cpu

