@@ -115,7 +115,7 @@ def test_first_logits_in_low_precision():
         assert torch.equal(dcoco.select(scores, first.to(dt), "global"), dcoco.select(scores, first.to(dt).float(), "global"))
 
 
-@pytest.mark.skipif(not dcoco.cuda_available(), reason="needs a CUDA device (runs in bench/gpu_check.sh)")
+@pytest.mark.skipif(not dcoco.cuda_available(), reason="needs a CUDA device; none on this machine")
 def test_select_on_cuda_matches_cpu_and_captures():
     g = torch.Generator().manual_seed(8)
     scores, first = torch.randn(64, 14, 16, 16, generator=g), torch.randn(64, 16, generator=g)
