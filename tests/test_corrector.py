@@ -71,3 +71,16 @@ def test_cuda_is_compiled_whenever_nvcc_exists():
     else:
         info = dcoco.build_info()
         assert info["built_with_cuda"] and info["cutlass"].startswith("4.")
+
+
+def test_prepared_bf16_module_matches_the_unprepared_one():
+    case = make_case(4, 15, 16, 64, seed=3)
+    m = case.corrector.bfloat16()
+    plain = m(*case.inputs)
+    m.prepare_inference(case.embed)
+    prepared = m(*case.inputs)
+    assert (prepared[0] == plain[0]).float().mean() > 0.99
+    with torch.no_grad():
+        m.mlp[2].weight.mul_(2.0)  # any weight, not only the tabulated ones, invalidates the preparation
+    with pytest.warns(UserWarning, match="stale"):
+        m(*case.inputs)

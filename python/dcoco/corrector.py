@@ -39,8 +39,7 @@ class Corrector(nn.Module):
         self.mlp = nn.Sequential(nn.Linear(3 * r + 2, H), nn.GELU(), nn.Linear(H, 1))
         nn.init.zeros_(self.mlp[2].weight)
         nn.init.zeros_(self.mlp[2].bias)
-        self._table: torch.Tensor | None = None
-        self._table_key: tuple | None = None
+        self._prepared: tuple | None = None  # (key, table, float32 weights) from prepare_inference
 
     def extra_repr(self) -> str:
         return (f"hidden_size={self.hidden_size}, num_candidates={self.num_candidates}, width={self.width}, "
@@ -62,28 +61,34 @@ class Corrector(nn.Module):
                 embed: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Prefix-first greedy re-selection in one call of the core: (ranks, tokens), both int64 (R,B)."""
         _ops.require_tensors(hidden=hidden, cand_ids=cand_ids, cand_logits=cand_logits, embed=embed)
-        return torch.ops.dcoco.correct(hidden, cand_ids, cand_logits, embed, *self.weights(),
-                                       self._fresh_table(embed))
+        prepared = self._fresh_prepared(embed)
+        if prepared is None:
+            return torch.ops.dcoco.correct(hidden, cand_ids, cand_logits, embed, *self.weights(), None)
+        _, table, weights = prepared
+        return torch.ops.dcoco.correct(hidden, cand_ids, cand_logits, embed, *weights, table)
 
     @torch.no_grad()
     def prepare_inference(self, embed: torch.Tensor) -> torch.Tensor:
-        """Tabulates W_fuse[:, :r] LN(W_cand E[v]) for the whole vocabulary (V x r float32; 77.8 MB at
-        V=151936, r=128), so forward gathers rows instead of projecting d-wide embeddings. Exact: results
-        equal the plain formula up to float rounding. Forward drops the table (with a warning) when the
-        weights or the embedding table change afterwards; call again then."""
-        self._table = torch.ops.dcoco.cand_table(embed, self.cand_proj.weight, self.fuse_proj.weight)
-        self._table_key = self._key(embed)
-        return self._table
+        """Inference-only preparation; returns the vocabulary table.
+
+        Tabulates W_fuse[:, :r] LN(W_cand E[v]) for the whole vocabulary (V x r float32: 77.8 MB at
+        V=151936, r=128), so forward gathers rows instead of projecting d-wide embeddings, and keeps float32
+        copies of the weights (a bf16 module then skips the per-call upcast). Exact: results equal the plain
+        formula up to float rounding. Forward drops both (with a warning) when the weights or the embedding
+        table change afterwards; call again then. Under torch.compile the check is skipped."""
+        table = torch.ops.dcoco.cand_table(embed, self.cand_proj.weight, self.fuse_proj.weight)
+        weights = tuple(w.detach().to(torch.float32).contiguous() for w in self.weights())
+        self._prepared = (self._key(embed), table, weights)
+        return table
 
     def _key(self, embed: torch.Tensor) -> tuple:
-        w = (self.cand_proj.weight, self.fuse_proj.weight)
-        return (embed.data_ptr(), embed.shape, embed._version, *((t.data_ptr(), t._version) for t in w))
+        return (embed.data_ptr(), embed.shape, embed._version, *((w.data_ptr(), w._version) for w in self.weights()))
 
-    def _fresh_table(self, embed: torch.Tensor) -> torch.Tensor | None:
-        if self._table is None or torch.compiler.is_compiling():
-            return self._table
-        if self._key(embed) != self._table_key or self._table.device != embed.device:
-            warnings.warn("dcoco.Corrector: the inference table is stale (weights or embed changed since "
+    def _fresh_prepared(self, embed: torch.Tensor) -> tuple | None:
+        if self._prepared is None or torch.compiler.is_compiling():
+            return self._prepared
+        if self._key(embed) != self._prepared[0] or self._prepared[1].device != embed.device:
+            warnings.warn("dcoco.Corrector: the inference preparation is stale (weights or embed changed since "
                           "prepare_inference); computing from the embedding table instead", stacklevel=3)
-            self._table = self._table_key = None
-        return self._table
+            self._prepared = None
+        return self._prepared
