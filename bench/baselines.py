@@ -25,7 +25,7 @@ def forward(hidden, cand_ids, cand_logits, embed, weights, table=None):
     u = (pq[:, :-1, :r] + pq[:, 1:, r:]) @ W1[:, :r].T + b1                          # (R,B-1,H)
     succ = z[:, 1:] @ W1[:, 2 * r:3 * r].T + l[:, 1:, :, None] * W1[:, 3 * r + 1]   # (R,B-1,K,H)
     w1a, w_la, w2 = W1[:, r:2 * r], W1[:, 3 * r], W2[0]
-    rows = torch.arange(R)
+    rows = torch.arange(R, device=h.device)
     k = l[:, 0].argmax(-1)
     ranks = [k]
     for p in range(B - 1):

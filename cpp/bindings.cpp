@@ -19,9 +19,29 @@ const T* ptr(uintptr_t a) {
 }
 
 Weights weights_from(const std::vector<uintptr_t>& a) {
+  if (a.empty()) return {};
   if (a.size() != 10) throw std::invalid_argument("weights: expected 10 pointers");
   return {ptr<float>(a[0]), ptr<float>(a[1]), ptr<float>(a[2]), ptr<float>(a[3]), ptr<float>(a[4]),
           ptr<float>(a[5]), ptr<float>(a[6]), ptr<float>(a[7]), ptr<float>(a[8]), ptr<float>(a[9])};
+}
+
+CorrectParams correct_params(const std::vector<int64_t>& sizes, uintptr_t hidden, int hidden_dtype, uintptr_t ids,
+                             int ids_dtype, uintptr_t logits, int logits_dtype, uintptr_t embed, int embed_dtype,
+                             uintptr_t table, const std::vector<uintptr_t>& weights, uintptr_t scores,
+                             uintptr_t ranks, uintptr_t tokens) {
+  if (sizes.size() != 7) throw std::invalid_argument("sizes: expected (R, B, K, d, V, r, H)");
+  CorrectParams p;
+  p.R = sizes[0], p.B = sizes[1], p.K = sizes[2], p.d = sizes[3], p.V = sizes[4], p.r = sizes[5], p.H = sizes[6];
+  p.hidden = ptr<void>(hidden), p.hidden_dtype = DType(hidden_dtype);
+  p.cand_ids = ptr<void>(ids), p.ids_dtype = DType(ids_dtype);
+  p.cand_logits = ptr<void>(logits), p.logits_dtype = DType(logits_dtype);
+  p.embed = ptr<void>(embed), p.embed_dtype = DType(embed_dtype);
+  p.table = ptr<float>(table);
+  p.w = weights_from(weights);
+  p.scores = reinterpret_cast<float*>(scores);
+  p.ranks = reinterpret_cast<int64_t*>(ranks);
+  p.tokens = reinterpret_cast<int64_t*>(tokens);
+  return p;
 }
 
 }  // namespace
@@ -33,44 +53,52 @@ PYBIND11_MODULE(_C, m) {
   m.attr("cutlass_version") = cuda::cutlass_version();
   m.def("cuda_status", &cuda::status, "(device count, message); never raises");
 
+  // correct_cpu / correct_cuda: one signature; the CUDA one also takes its workspace, counters and stream.
+  auto correct = [](bool on_cuda) {
+    return [on_cuda](std::vector<int64_t> sizes, uintptr_t hidden, int hidden_dtype, uintptr_t ids, int ids_dtype,
+                     uintptr_t logits, int logits_dtype, uintptr_t embed, int embed_dtype, uintptr_t table,
+                     std::vector<uintptr_t> weights, uintptr_t scores, uintptr_t ranks, uintptr_t tokens,
+                     uintptr_t workspace, uintptr_t counters, uintptr_t stream) {
+      CorrectParams p = correct_params(sizes, hidden, hidden_dtype, ids, ids_dtype, logits, logits_dtype, embed,
+                                       embed_dtype, table, weights, scores, ranks, tokens);
+      p.workspace = reinterpret_cast<float*>(workspace);
+      p.counters = reinterpret_cast<int32_t*>(counters);
+      p.stream = reinterpret_cast<void*>(stream);
+      py::gil_scoped_release nogil;
+      on_cuda ? cuda::correct(p) : cpu::correct(p);
+    };
+  };
+  for (bool on_cuda : {false, true})
+    m.def(on_cuda ? "correct_cuda" : "correct_cpu", correct(on_cuda), py::arg("sizes"), py::arg("hidden"),
+          py::arg("hidden_dtype"), py::arg("cand_ids"), py::arg("ids_dtype"), py::arg("cand_logits"),
+          py::arg("logits_dtype"), py::arg("embed"), py::arg("embed_dtype"), py::arg("table"), py::arg("weights"),
+          py::arg("scores"), py::arg("ranks"), py::arg("tokens"), py::arg("workspace") = 0, py::arg("counters") = 0,
+          py::arg("stream") = 0);
   m.def(
-      "correct_cpu",
-      [](std::vector<int64_t> sizes, uintptr_t hidden, int hidden_dtype, uintptr_t ids, int ids_dtype,
-         uintptr_t logits, int logits_dtype, uintptr_t embed, int embed_dtype, uintptr_t table,
-         std::vector<uintptr_t> weights, uintptr_t scores, uintptr_t ranks, uintptr_t tokens) {
-        if (sizes.size() != 7) throw std::invalid_argument("sizes: expected (R, B, K, d, V, r, H)");
-        CorrectParams p;
-        p.R = sizes[0], p.B = sizes[1], p.K = sizes[2], p.d = sizes[3], p.V = sizes[4], p.r = sizes[5], p.H = sizes[6];
-        p.hidden = ptr<void>(hidden), p.hidden_dtype = DType(hidden_dtype);
-        p.cand_ids = ptr<void>(ids), p.ids_dtype = DType(ids_dtype);
-        p.cand_logits = ptr<void>(logits), p.logits_dtype = DType(logits_dtype);
-        p.embed = ptr<void>(embed), p.embed_dtype = DType(embed_dtype);
-        p.table = ptr<float>(table);
-        p.w = weights_from(weights);
-        p.scores = reinterpret_cast<float*>(scores);
-        p.ranks = reinterpret_cast<int64_t*>(ranks);
-        p.tokens = reinterpret_cast<int64_t*>(tokens);
-        py::gil_scoped_release nogil;
-        cpu::correct(p);
+      "cuda_workspace_floats",
+      [](std::vector<int64_t> sizes, bool table, bool scores) {
+        CorrectParams p = correct_params(sizes, 0, 0, 0, 0, 0, 0, 0, 0, table ? 1 : 0, {}, scores ? 1 : 0, 0, 0);
+        return cuda::workspace_floats(p);
       },
-      py::arg("sizes"), py::arg("hidden"), py::arg("hidden_dtype"), py::arg("cand_ids"), py::arg("ids_dtype"),
-      py::arg("cand_logits"), py::arg("logits_dtype"), py::arg("embed"), py::arg("embed_dtype"), py::arg("table"),
-      py::arg("weights"), py::arg("scores"), py::arg("ranks"), py::arg("tokens"));
+      py::arg("sizes"), py::arg("table"), py::arg("scores"));
 
-  m.def(
-      "cand_table_cpu",
-      [](int64_t V, int64_t d, int64_t r, uintptr_t embed, int embed_dtype, uintptr_t cand_proj, uintptr_t fuse_proj,
-         uintptr_t table) {
-        CandTableParams p;
-        p.V = V, p.d = d, p.r = r;
-        p.embed = ptr<void>(embed), p.embed_dtype = DType(embed_dtype);
-        p.cand_proj = ptr<float>(cand_proj), p.fuse_proj = ptr<float>(fuse_proj);
-        p.table = reinterpret_cast<float*>(table);
-        py::gil_scoped_release nogil;
-        cpu::cand_table(p);
-      },
-      py::arg("V"), py::arg("d"), py::arg("r"), py::arg("embed"), py::arg("embed_dtype"), py::arg("cand_proj"),
-      py::arg("fuse_proj"), py::arg("table"));
+  auto cand_table = [](bool on_cuda) {
+    return [on_cuda](int64_t V, int64_t d, int64_t r, uintptr_t embed, int embed_dtype, uintptr_t cand_proj,
+                     uintptr_t fuse_proj, uintptr_t table, uintptr_t stream) {
+      CandTableParams p;
+      p.V = V, p.d = d, p.r = r;
+      p.embed = ptr<void>(embed), p.embed_dtype = DType(embed_dtype);
+      p.cand_proj = ptr<float>(cand_proj), p.fuse_proj = ptr<float>(fuse_proj);
+      p.table = reinterpret_cast<float*>(table);
+      p.stream = reinterpret_cast<void*>(stream);
+      py::gil_scoped_release nogil;
+      on_cuda ? cuda::cand_table(p) : cpu::cand_table(p);
+    };
+  };
+  for (bool on_cuda : {false, true})
+    m.def(on_cuda ? "cand_table_cuda" : "cand_table_cpu", cand_table(on_cuda), py::arg("V"), py::arg("d"),
+          py::arg("r"), py::arg("embed"), py::arg("embed_dtype"), py::arg("cand_proj"), py::arg("fuse_proj"),
+          py::arg("table"), py::arg("stream") = 0);
 
   auto select = [](bool on_cuda) {
     return [on_cuda](int64_t R, int64_t B, int64_t K, uintptr_t scores, uintptr_t first, int first_dtype, int rule,

@@ -8,4 +8,7 @@ bool built() { return false; }
 std::string cutlass_version() { return ""; }
 std::pair<int, std::string> status() { return {0, "dcoco was built without CUDA (no nvcc found or DCOCO_CUDA=OFF)"}; }
 void select(const SelectParams&) { throw std::runtime_error("dcoco was built without CUDA"); }
+void correct(const CorrectParams&) { throw std::runtime_error("dcoco was built without CUDA"); }
+void cand_table(const CandTableParams&) { throw std::runtime_error("dcoco was built without CUDA"); }
+int64_t workspace_floats(const CorrectParams&) { return 0; }
 }  // namespace dcoco::cuda

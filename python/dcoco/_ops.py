@@ -13,6 +13,7 @@ torch allocation, so the ops are safe under torch.compile and (on CUDA) graph ca
 from __future__ import annotations
 
 import math
+import os
 
 import torch
 
@@ -121,12 +122,15 @@ def _out(shape, dtype, device) -> torch.Tensor:
     return torch.empty(shape, dtype=dtype, device=device)
 
 
-def _no_cuda_kernel(op: str):
-    def impl(*args):
-        raise NotImplementedError(f"dcoco.{op}: the fused CUDA forward is not in this build yet; "
-                                  f"run the corrector on CPU tensors (dcoco.cuda_available() = "
-                                  f"{_C.cuda_status()[0] > 0})")
-    return impl
+def _cuda_stream(op: str, device: torch.device) -> int:
+    """The current stream of device, once the CUDA path may run; raises clearly when it may not."""
+    if not _C.built_with_cuda:
+        raise RuntimeError(f"dcoco.{op}: CUDA tensors given, but dcoco was built without CUDA ({_C.cuda_status()[1]})")
+    if op != "select" and os.environ.get("DCOCO_UNVALIDATED_CUDA") != "1":
+        raise NotImplementedError(
+            f"dcoco.{op}: the CUDA forward is built but has not been validated on a GPU yet (bench/gpu_check.sh "
+            "does that); set DCOCO_UNVALIDATED_CUDA=1 to run it anyway, or pass CPU tensors")
+    return torch.cuda.current_stream(device).cuda_stream
 
 
 def _run_core(hidden, cand_ids, cand_logits, embed, weights, table, sizes, scores, ranks, tokens) -> None:
@@ -135,15 +139,24 @@ def _run_core(hidden, cand_ids, cand_logits, embed, weights, table, sizes, score
     ws = [w.to(torch.float32).contiguous() for w in weights]
     table = None if table is None else c(table)
     ptr = lambda t: 0 if t is None else t.data_ptr()  # noqa: E731
-    _C.correct_cpu(list(sizes), hidden.data_ptr(), _FLOAT_CODES[hidden.dtype], cand_ids.data_ptr(),
-                   _ID_CODES[cand_ids.dtype], cand_logits.data_ptr(), _FLOAT_CODES[cand_logits.dtype],
-                   embed.data_ptr(), _FLOAT_CODES[embed.dtype], ptr(table), [w.data_ptr() for w in ws],
-                   ptr(scores), ptr(ranks), ptr(tokens))
+    args = (list(sizes), hidden.data_ptr(), _FLOAT_CODES[hidden.dtype], cand_ids.data_ptr(), _ID_CODES[cand_ids.dtype],
+            cand_logits.data_ptr(), _FLOAT_CODES[cand_logits.dtype], embed.data_ptr(), _FLOAT_CODES[embed.dtype],
+            ptr(table), [w.data_ptr() for w in ws], ptr(scores), ptr(ranks), ptr(tokens))
+    dev = hidden.device
+    if dev.type != "cuda":
+        _C.correct_cpu(*args)
+        return
+    stream = _cuda_stream("score" if ranks is None else "correct", dev)
+    n = _C.cuda_workspace_floats(list(sizes), table is not None, scores is not None)
+    workspace = torch.empty(n, dtype=torch.float32, device=dev)
+    counters = torch.zeros(sizes[0], dtype=torch.int32, device=dev)
+    with torch.cuda.device(dev):
+        _C.correct_cuda(*args, workspace=workspace.data_ptr(), counters=counters.data_ptr(), stream=stream)
 
 
 # --- score -----------------------------------------------------------------------------------------
 
-def _score_cpu(hidden, cand_ids, cand_logits, embed, *weights):
+def _score_impl(hidden, cand_ids, cand_logits, embed, *weights):
     sizes = check_inputs(hidden, cand_ids, cand_logits, embed, weights)
     R, B, K = sizes[:3]
     scores = _out((R, B - 1, K, K), torch.float32, hidden.device)
@@ -160,7 +173,7 @@ def _score_fake(hidden, cand_ids, cand_logits, embed, *weights):
 
 # --- correct ---------------------------------------------------------------------------------------
 
-def _correct_cpu(hidden, cand_ids, cand_logits, embed, *weights_and_table):
+def _correct_impl(hidden, cand_ids, cand_logits, embed, *weights_and_table):
     *weights, table = weights_and_table
     sizes = check_inputs(hidden, cand_ids, cand_logits, embed, weights, table)
     R, B = sizes[:2]
@@ -192,14 +205,20 @@ def _check_table_args(embed, cand_proj, fuse_proj) -> tuple[int, int, int]:
     return V, d, r
 
 
-def _cand_table_cpu(embed, cand_proj, fuse_proj):
+def _cand_table_impl(embed, cand_proj, fuse_proj):
     V, d, r = _check_table_args(embed, cand_proj, fuse_proj)
     table = _out((V, r), torch.float32, embed.device)
     embed = embed.contiguous()
     cp, fp = cand_proj.to(torch.float32).contiguous(), fuse_proj.to(torch.float32).contiguous()
-    if V:
-        _C.cand_table_cpu(V, d, r, embed.data_ptr(), _FLOAT_CODES[embed.dtype], cp.data_ptr(), fp.data_ptr(),
-                          table.data_ptr())
+    args = (V, d, r, embed.data_ptr(), _FLOAT_CODES[embed.dtype], cp.data_ptr(), fp.data_ptr(), table.data_ptr())
+    if not V:
+        return table
+    if embed.device.type == "cuda":
+        stream = _cuda_stream("cand_table", embed.device)
+        with torch.cuda.device(embed.device):
+            _C.cand_table_cuda(*args, stream=stream)
+    else:
+        _C.cand_table_cpu(*args)
     return table
 
 
@@ -241,10 +260,9 @@ def _select_impl(scores, first_logits, rule, lam):
     args = (R, B, K, scores.data_ptr(), first_logits.data_ptr(), _FLOAT_CODES[first_logits.dtype], RULES[rule],
             float(lam), work.data_ptr(), nxt.data_ptr(), ranks.data_ptr())
     if dev.type == "cuda":
-        if not _C.built_with_cuda:
-            raise RuntimeError("dcoco.select: CUDA tensors given, but dcoco was built without CUDA")
+        stream = _cuda_stream("select", dev)
         with torch.cuda.device(dev):
-            _C.select_cuda(*args, stream=torch.cuda.current_stream(dev).cuda_stream)
+            _C.select_cuda(*args, stream=stream)
     else:
         _C.select_cpu(*args)
     return ranks
@@ -256,10 +274,8 @@ def _select_fake(scores, first_logits, rule, lam):
     return scores.new_empty((R, B), dtype=torch.int64)
 
 
-_lib.impl("score", _score_cpu, "CPU")
-_lib.impl("correct", _correct_cpu, "CPU")
-_lib.impl("cand_table", _cand_table_cpu, "CPU")
-_lib.impl("select", _select_impl, "CPU")
-_lib.impl("select", _select_impl, "CUDA")
-for _op in ("score", "correct", "cand_table"):
-    _lib.impl(_op, _no_cuda_kernel(_op), "CUDA")
+for _key in ("CPU", "CUDA"):
+    _lib.impl("score", _score_impl, _key)
+    _lib.impl("correct", _correct_impl, _key)
+    _lib.impl("cand_table", _cand_table_impl, _key)
+    _lib.impl("select", _select_impl, _key)

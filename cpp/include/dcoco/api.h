@@ -18,8 +18,11 @@ void select(const SelectParams& p);
 namespace cuda {
 bool built();
 std::string cutlass_version();  // the CUTLASS headers compiled against, "" without CUDA
-// Launch on p.stream; throws std::runtime_error carrying the CUDA error text.
+// Launches on p.stream; each throws std::runtime_error carrying the CUDA error text.
 void select(const SelectParams& p);
+void correct(const CorrectParams& p);  // one launch for the whole batch
+void cand_table(const CandTableParams& p);
+int64_t workspace_floats(const CorrectParams& p);  // size of CorrectParams::workspace
 // (device count, message); never throws, also without a driver.
 std::pair<int, std::string> status();
 }  // namespace cuda

@@ -39,6 +39,11 @@ struct CorrectParams {
   float* scores = nullptr;   // (R,B-1,K,K) out, optional: S[r,p,a,b] = S_{p+1}(a,b)
   int64_t* ranks = nullptr;  // (R,B) out, optional: the greedy walk
   int64_t* tokens = nullptr; // (R,B) out, with ranks: cand_ids gathered at ranks
+  // CUDA only: a float workspace of cuda::workspace_floats(*this) and R zeroed int32 counters, both torch
+  // allocations, and the stream to launch on.
+  float* workspace = nullptr;
+  int32_t* counters = nullptr;
+  void* stream = nullptr;
 };
 
 // The inference table T[v] = W_fuse[:, :r] LN(W_cand E[v]) for every vocabulary row.
@@ -49,6 +54,7 @@ struct CandTableParams {
   const float* cand_proj = nullptr;  // (r,d)
   const float* fuse_proj = nullptr;  // (r,2r)
   float* table = nullptr;            // (V,r) out
+  void* stream = nullptr;            // CUDA only
 };
 
 // Path selection on a given score grid.

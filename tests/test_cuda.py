@@ -1,0 +1,91 @@
+"""The CUDA path against the literal reference: runs where a GPU is visible (bench/gpu_check.sh on a lent
+device); on machines without one every test here is skipped."""
+
+import pytest
+import torch
+
+import dcoco
+
+from conftest import assert_walk_matches, make_case
+
+pytestmark = pytest.mark.skipif(not dcoco.cuda_available(), reason="needs a CUDA device; none on this machine")
+
+
+@pytest.fixture(autouse=True)
+def allow_cuda_forward(monkeypatch):
+    monkeypatch.setenv("DCOCO_UNVALIDATED_CUDA", "1")
+
+
+def to_cuda(case):
+    case.corrector.cuda()
+    case.hidden, case.cand_ids, case.cand_logits, case.embed = (t.cuda() for t in case.inputs)
+    return case
+
+
+def ref_scores(case):
+    m = case.corrector
+    from dcoco import reference as ref
+    return ref.score(case.hidden.double(), case.cand_ids, case.cand_logits.double(), case.embed.double(),
+                     *(w.double() for w in m.weights())).cpu()
+
+
+@pytest.mark.parametrize("d", [64, 2048, 2560, 4096])
+@pytest.mark.parametrize("R", [1, 3, 32])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("table", [False, True])
+def test_cuda_forward_matches_reference(d, R, dtype, table):
+    case = to_cuda(make_case(R, 15, 16, d, V=1000, dtype=dtype, seed=R * 7 + d))
+    if table:
+        case.corrector.prepare_inference(case.embed)
+    s64 = ref_scores(case)
+    scale = s64.abs().max().item() + 1.0
+    scores = case.corrector.score(*case.inputs)
+    torch.testing.assert_close(scores.double().cpu(), s64, rtol=1e-5, atol=2e-5 * scale)
+    ranks, tokens = case.corrector(*case.inputs)
+    assert_walk_matches(ranks.cpu(), s64, case.cand_logits[:, 0].cpu(), atol=1e-4 * scale)
+    assert torch.equal(tokens, torch.gather(case.cand_ids.long(), 2, ranks[..., None])[..., 0])
+
+
+def test_cuda_matches_cpu_walk_and_is_deterministic():
+    case = make_case(64, 15, 16, 4096, V=5000, dtype=torch.bfloat16, seed=1)
+    cpu_ranks = case.corrector(*case.inputs)[0]
+    to_cuda(case)
+    first = case.corrector(*case.inputs)[0]
+    again = case.corrector(*case.inputs)[0]
+    assert torch.equal(first, again)
+    assert (first.cpu() == cpu_ranks).float().mean() > 0.99
+
+
+def test_cuda_graph_capture_replays_the_same():
+    case = to_cuda(make_case(8, 15, 16, 4096, V=5000, dtype=torch.bfloat16, seed=2))
+    m = case.corrector
+    m.prepare_inference(case.embed)
+    want = m(*case.inputs)
+    s = torch.cuda.Stream()
+    with torch.cuda.stream(s):  # warm up on a side stream, as capture requires
+        m(*case.inputs)
+    torch.cuda.current_stream().wait_stream(s)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out = m(*case.inputs)
+    for _ in range(3):
+        graph.replay()
+    torch.cuda.synchronize()
+    assert torch.equal(out[0], want[0]) and torch.equal(out[1], want[1])
+
+
+def test_cuda_table_matches_cpu():
+    case = make_case(1, 2, 4, 2560, V=3000, dtype=torch.bfloat16, seed=3)
+    cpu = case.corrector.prepare_inference(case.embed)
+    to_cuda(case)
+    gpu = case.corrector.prepare_inference(case.embed)
+    torch.testing.assert_close(gpu.cpu(), cpu, rtol=1e-5, atol=1e-5)
+
+
+def test_cuda_out_of_range_ids_are_never_selected():
+    case = to_cuda(make_case(2, 15, 16, 64, V=100, seed=4))
+    ids = case.cand_ids.clone()
+    ids[0, 3, 0] = 10_000  # rank 0 of slot 4: would be the argmax at a fresh corrector
+    ranks, tokens = case.corrector(case.hidden, ids, case.cand_logits, case.embed)
+    torch.cuda.synchronize()
+    assert ((tokens >= 0) & (tokens < 100)).all()
