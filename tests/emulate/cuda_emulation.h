@@ -1,14 +1,15 @@
-// Runs CUDA kernels written for dcoco on the CPU, one std::thread per CUDA thread, so the CPU tests can
-// exercise the kernels' own decomposition (phases, barriers, warp reductions, the last-CTA handoff).
-// Only what dcoco's kernels use is emulated. Blocks run one after another, which is one legal schedule.
+// Runs CUDA kernels written for dcoco on the CPU so the CPU tests exercise the kernels' own decomposition
+// (phases, barriers, warp reductions, the last-CTA handoff). Each CUDA thread is a coroutine (ucontext)
+// on one OS thread; a barrier yields until every thread of its block (or warp) has arrived. Only what
+// dcoco's kernels use is emulated. Blocks run one after another, which is one legal CUDA schedule.
 #pragma once
+#include <ucontext.h>
+
 #include <atomic>
-#include <barrier>
 #include <cstdint>
 #include <cstring>
 #include <functional>
 #include <memory>
-#include <thread>
 #include <vector>
 
 #define __global__
@@ -24,30 +25,49 @@ struct dim3 {
 };
 
 namespace emu {
-struct Block {
-  std::unique_ptr<std::barrier<>> block_barrier;
-  std::vector<std::unique_ptr<std::barrier<>>> warp_barriers;
-  std::vector<float> exchange;  // one slot per thread for warp shuffles
+
+struct Thread {
+  ucontext_t ctx;
+  std::unique_ptr<char[]> stack;
+  dim3 idx;
+  bool done = false;
 };
-inline thread_local dim3 thread_idx, block_idx;
-inline dim3 grid_dim, block_dim;
-inline Block* block = nullptr;
+
+struct Barrier {  // counts arrivals; a new generation starts when all have arrived
+  unsigned size = 0, arrived = 0, generation = 0;
+};
+
+inline dim3 grid_dim, block_dim, block_idx;
+inline Thread* current = nullptr;
+inline ucontext_t scheduler;
+inline Barrier block_barrier;
+inline std::vector<Barrier> warp_barriers;
+inline std::vector<float> exchange;  // one slot per thread for warp shuffles
+
+inline void wait(Barrier& b) {
+  const unsigned gen = b.generation;
+  if (++b.arrived == b.size) {
+    b.arrived = 0, ++b.generation;
+    return;
+  }
+  while (b.generation == gen) swapcontext(&current->ctx, &scheduler);
+}
+
 }  // namespace emu
 
-#define threadIdx (emu::thread_idx)
+#define threadIdx (emu::current->idx)
 #define blockIdx (emu::block_idx)
 #define gridDim (emu::grid_dim)
 #define blockDim (emu::block_dim)
 
-inline void __syncthreads() { emu::block->block_barrier->arrive_and_wait(); }
-inline void __syncwarp(unsigned = 0xffffffffu) { emu::block->warp_barriers[threadIdx.x / 32]->arrive_and_wait(); }
+inline void __syncthreads() { emu::wait(emu::block_barrier); }
+inline void __syncwarp(unsigned = 0xffffffffu) { emu::wait(emu::warp_barriers[threadIdx.x / 32]); }
 inline void __threadfence() { std::atomic_thread_fence(std::memory_order_seq_cst); }
 inline float __shfl_xor_sync(unsigned, float v, int mask) {
-  auto& ex = emu::block->exchange;
   const unsigned me = threadIdx.x, warp0 = me / 32 * 32;
-  ex[me] = v;
+  emu::exchange[me] = v;
   __syncwarp();
-  const float other = ex[warp0 + ((me % 32) ^ unsigned(mask))];
+  const float other = emu::exchange[warp0 + ((me % 32) ^ unsigned(mask))];
   __syncwarp();
   return other;
 }
@@ -59,24 +79,47 @@ inline float __int_as_float(int i) {
 }
 
 namespace emu {
+
+inline const std::function<void()>* body = nullptr;
+
+inline void trampoline() {
+  (*body)();
+  current->done = true;
+  swapcontext(&current->ctx, &scheduler);
+}
+
 // kernel<<<grid, threads>>>(args...) as launch(grid, threads, [&] { kernel(args...); }).
-inline void launch(dim3 grid, dim3 threads, const std::function<void()>& body) {
-  grid_dim = grid, block_dim = threads;
+inline void launch(dim3 grid, dim3 threads, const std::function<void()>& kernel) {
+  constexpr size_t kStack = 256 * 1024;
+  grid_dim = grid, block_dim = threads, body = &kernel;
   const unsigned n = threads.x;
+  std::vector<Thread> pool(n);
+  for (auto& t : pool) t.stack.reset(new char[kStack]);
   for (unsigned by = 0; by < grid.y; ++by)
     for (unsigned bx = 0; bx < grid.x; ++bx) {
-      Block b;
-      b.block_barrier = std::make_unique<std::barrier<>>(n);
-      for (unsigned w = 0; w < n / 32; ++w) b.warp_barriers.push_back(std::make_unique<std::barrier<>>(32));
-      b.exchange.resize(n);
-      block = &b;
-      std::vector<std::thread> pool;
-      for (unsigned t = 0; t < n; ++t)
-        pool.emplace_back([&, t] {
-          thread_idx = dim3(t), block_idx = dim3(bx, by);
-          body();
-        });
-      for (auto& th : pool) th.join();
+      block_idx = dim3(bx, by);
+      block_barrier = {n, 0, 0};
+      warp_barriers.assign((n + 31) / 32, Barrier{32, 0, 0});
+      exchange.assign(n, 0.f);
+      for (unsigned i = 0; i < n; ++i) {
+        Thread& t = pool[i];
+        t.idx = dim3(i), t.done = false;
+        getcontext(&t.ctx);
+        t.ctx.uc_stack.ss_sp = t.stack.get(), t.ctx.uc_stack.ss_size = kStack, t.ctx.uc_link = nullptr;
+        makecontext(&t.ctx, trampoline, 0);
+      }
+      // Round-robin until every thread has returned; a thread that returns early (e.g. not the last CTA)
+      // leaves the block barrier, as on the GPU where exited threads no longer count.
+      for (unsigned live = n; live;) {
+        live = 0;
+        for (auto& t : pool) {
+          if (t.done) continue;
+          current = &t;
+          swapcontext(&scheduler, &t.ctx);
+          live += !t.done;
+        }
+      }
     }
 }
+
 }  // namespace emu
