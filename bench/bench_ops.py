@@ -1,4 +1,5 @@
-"""CPU microbenchmarks of the corrector's forward (pytest-benchmark), side by side in one run.
+"""Microbenchmarks of the corrector's forward (pytest-benchmark), side by side in one run: on the CPU always,
+and on CUDA when a device is visible (the `cuda` groups; CUDA timings synchronise after every call).
 
   python -m pytest bench/bench_ops.py --benchmark-only --benchmark-json bench/results/cpu.json
   python bench/summarize.py bench/results/cpu.json      # the markdown table of bench/README.md
@@ -43,16 +44,22 @@ def inputs(R):
 
 
 IMPLS = ["dcoco_table", "dcoco", "torch_table", "torch", "reference"]
+DEVICES = ["cpu"] + (["cuda"] if dcoco.cuda_available() else [])
 
 
+@pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("R", [1, 8, 32])
 @pytest.mark.parametrize("impl", IMPLS)
-def test_forward(benchmark, model, impl, R):
+def test_forward(benchmark, model, impl, R, device, monkeypatch):
     m, embed, table = model
     hidden, ids, logits = inputs(R)
     w = tuple(t.detach() for t in m.weights())
-    benchmark.group = f"forward R={R}"
-    benchmark.extra_info.update(R=R, d=D, B=B, K=K, V=V, impl=impl, threads=torch.get_num_threads())
+    if device == "cuda":
+        monkeypatch.setenv("DCOCO_UNVALIDATED_CUDA", "1")
+        hidden, ids, logits, embed, table = (t.cuda() for t in (hidden, ids, logits, embed, table))
+        w = tuple(t.cuda() for t in w)
+    benchmark.group = f"forward R={R}" + ("" if device == "cpu" else " cuda")
+    benchmark.extra_info.update(R=R, d=D, B=B, K=K, V=V, impl=impl, device=device, threads=torch.get_num_threads())
     if impl == "dcoco_table":
         fn = lambda: torch.ops.dcoco.correct(hidden, ids, logits, embed, *w, table)  # noqa: E731
     elif impl == "dcoco":
@@ -68,4 +75,5 @@ def test_forward(benchmark, model, impl, R):
         got = fn()[0]
         assert (got == want).float().mean() > 0.98  # same walk (up to near ties) before timing it
         rounds = 3 if impl == "reference" else 15
-        benchmark.pedantic(fn, rounds=rounds, warmup_rounds=1)
+        timed = fn if device == "cpu" else lambda: (fn(), torch.cuda.synchronize())
+        benchmark.pedantic(timed, rounds=rounds, warmup_rounds=1)

@@ -15,7 +15,7 @@ def main(path: str) -> None:
           f"{data['benchmarks'][0]['extra_info']['threads']}; median ms (x slower than dcoco_table)\n")
     print("| group | " + " | ".join(impls) + " |")
     print("|---" * (len(impls) + 1) + "|")
-    for group in sorted(groups, key=lambda g: int(g.split("=")[1])):
+    for group in sorted(groups, key=lambda g: (" cuda" in g, int(g.split("=")[1].split()[0]))):
         row = groups[group]
         base = row["dcoco_table"]
         cells = [f"{row[i] * 1e3:.2f} ({row[i] / base:.1f}x)" if i in row else "-" for i in impls]

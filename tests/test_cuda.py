@@ -22,13 +22,6 @@ def to_cuda(case):
     return case
 
 
-def ref_scores(case):
-    m = case.corrector
-    from dcoco import reference as ref
-    return ref.score(case.hidden.double(), case.cand_ids, case.cand_logits.double(), case.embed.double(),
-                     *(w.double() for w in m.weights())).cpu()
-
-
 @pytest.mark.parametrize("d", [64, 2048, 2560, 4096])
 @pytest.mark.parametrize("R", [1, 3, 32])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
@@ -37,7 +30,7 @@ def test_cuda_forward_matches_reference(d, R, dtype, table):
     case = to_cuda(make_case(R, 15, 16, d, V=1000, dtype=dtype, seed=R * 7 + d))
     if table:
         case.corrector.prepare_inference(case.embed)
-    s64 = ref_scores(case)
+    s64 = case.ref_scores().cpu()
     scale = s64.abs().max().item() + 1.0
     scores = case.corrector.score(*case.inputs)
     torch.testing.assert_close(scores.double().cpu(), s64, rtol=1e-5, atol=2e-5 * scale)
