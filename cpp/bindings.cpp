@@ -75,10 +75,10 @@ PYBIND11_MODULE(_C, m) {
           py::arg("scores"), py::arg("ranks"), py::arg("tokens"), py::arg("workspace") = 0, py::arg("counters") = 0,
           py::arg("stream") = 0);
   m.def(
-      "cuda_workspace_floats",
+      "cuda_workspace_sizes",
       [](std::vector<int64_t> sizes, bool table, bool scores) {
         CorrectParams p = correct_params(sizes, 0, 0, 0, 0, 0, 0, 0, 0, table ? 1 : 0, {}, scores ? 1 : 0, 0, 0);
-        return cuda::workspace_floats(p);
+        return cuda::workspace_sizes(p);
       },
       py::arg("sizes"), py::arg("table"), py::arg("scores"));
 

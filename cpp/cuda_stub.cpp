@@ -10,5 +10,5 @@ std::pair<int, std::string> status() { return {0, "dcoco was built without CUDA 
 void select(const SelectParams&) { throw std::runtime_error("dcoco was built without CUDA"); }
 void correct(const CorrectParams&) { throw std::runtime_error("dcoco was built without CUDA"); }
 void cand_table(const CandTableParams&) { throw std::runtime_error("dcoco was built without CUDA"); }
-int64_t workspace_floats(const CorrectParams&) { return 0; }
+std::pair<int64_t, int64_t> workspace_sizes(const CorrectParams&) { return {0, 0}; }
 }  // namespace dcoco::cuda

@@ -1,6 +1,6 @@
 // The vocabulary table on the GPU (prepare_inference): T[v] = W_fuse[:, :r] LN(W_cand E[v]).
 #pragma once
-#include "portable_correct.cuh"
+#include "portable_correct.cuh"  // warp_dot, dot, kThreads
 
 namespace dcoco::cuda {
 

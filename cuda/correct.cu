@@ -1,6 +1,6 @@
 // Host launchers of the fused forward and the vocabulary table. Every device runs the portable path
-// (portable_correct.cuh) for now; the sm_90a (wgmma/TMA) and sm_100a (UMMA/TMA) mainloops for phase 1
-// are the next step of issue 3 and will be picked here from the device's compute capability.
+// (portable_correct.cuh) for now; sm_90a (wgmma/TMA) and sm_100a (UMMA/TMA) mainloops for the stage-1
+// and stage-2 tiles are the next step of issue 3 and will be picked here from the compute capability.
 #include <cuda_runtime.h>
 
 #include <stdexcept>
@@ -19,13 +19,18 @@ void check(cudaError_t err, const char* what) {
 
 }  // namespace
 
-int64_t workspace_floats(const CorrectParams& p) { return p.R * slab_floats(p); }
+std::pair<int64_t, int64_t> workspace_sizes(const CorrectParams& p) {
+  const Plan l = plan_of(p);
+  return {l.floats, l.ints};
+}
 
 void correct(const CorrectParams& p) {
   if (p.R == 0) return;
-  if (p.R > 65535) throw std::invalid_argument("hidden: at most 65535 requests per CUDA launch, got R=" + std::to_string(p.R));
   if (!p.workspace || !p.counters) throw std::invalid_argument("dcoco.correct: CUDA workspace missing");
-  correct_kernel<<<dim3(kGroups, unsigned(p.R)), kThreads, 0, static_cast<cudaStream_t>(p.stream)>>>(p);
+  const Plan l = plan_of(p);
+  const int64_t ctas = l.stage1 + l.stage2 + l.stage3;
+  if (ctas > 0x7fffffff) throw std::invalid_argument("hidden: batch too large for one CUDA launch");
+  correct_kernel<<<unsigned(ctas), kThreads, 0, static_cast<cudaStream_t>(p.stream)>>>(p);
   check(cudaGetLastError(), "dcoco.correct: CUDA launch failed");
 }
 

@@ -147,9 +147,9 @@ def _run_core(hidden, cand_ids, cand_logits, embed, weights, table, sizes, score
         _C.correct_cpu(*args)
         return
     stream = _cuda_stream("score" if ranks is None else "correct", dev)
-    n = _C.cuda_workspace_floats(list(sizes), table is not None, scores is not None)
-    workspace = torch.empty(n, dtype=torch.float32, device=dev)
-    counters = torch.zeros(sizes[0], dtype=torch.int32, device=dev)
+    floats, ints = _C.cuda_workspace_sizes(list(sizes), table is not None, scores is not None)
+    workspace = torch.empty(floats, dtype=torch.float32, device=dev)
+    counters = torch.zeros(ints, dtype=torch.int32, device=dev)
     with torch.cuda.device(dev):
         _C.correct_cuda(*args, workspace=workspace.data_ptr(), counters=counters.data_ptr(), stream=stream)
 

@@ -7,6 +7,8 @@
 
 #include <atomic>
 #include <cstdint>
+#include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <functional>
 #include <memory>
@@ -72,6 +74,9 @@ inline float __shfl_xor_sync(unsigned, float v, int mask) {
   return other;
 }
 inline int atomicAdd(int* p, int v) { return __atomic_fetch_add(p, v, __ATOMIC_SEQ_CST); }
+// Blocks run in ticket order here, so a tile never finds its inputs missing; if one does, the kernel's
+// dependencies are wrong: stop instead of spinning forever.
+#define DCOCO_SPIN_PAUSE() (std::fputs("emulated kernel waits on a tile that never ran\n", stderr), std::abort())
 inline float __int_as_float(int i) {
   float f;
   std::memcpy(&f, &i, sizeof f);

@@ -43,12 +43,15 @@ int main(int argc, char** argv) {
   std::vector<int64_t> ranks(p.R * p.B, -1), tokens(p.R * p.B, -1);
   p.scores = want_scores ? scores.data() : nullptr;
   p.ranks = ranks.data(), p.tokens = tokens.data();
-  std::vector<float> workspace(p.R * cuda::slab_floats(p), __int_as_float(0x7fc00000));
-  std::vector<int32_t> counters(p.R, 0);
+  const cuda::Plan plan = cuda::plan_of(p);
+  std::vector<float> workspace(plan.floats, __int_as_float(0x7fc00000));
+  std::vector<int32_t> counters(plan.ints, 0);
   p.workspace = workspace.data(), p.counters = counters.data();
-  emu::launch(dim3(cuda::kGroups, unsigned(p.R)), dim3(cuda::kThreads), [&] { cuda::correct_kernel(p); });
-  for (int32_t c : counters)
-    if (c != cuda::kGroups) return 3;  // every CTA arrived exactly once
+  const int64_t ctas = plan.stage1 + plan.stage2 + plan.stage3;
+  emu::launch(dim3(unsigned(ctas)), dim3(cuda::kThreads), [&] { cuda::correct_kernel(p); });
+  if (counters[plan.ticket] != ctas) return 3;  // every CTA took exactly one ticket
+  for (int64_t i = 0; i < p.R; ++i)
+    if (counters[plan.req_done + i] != p.B) return 4;  // every slot tile arrived
   if (want_scores) write(dir + "/scores.bin", scores.data(), scores.size());
   write(dir + "/ranks.bin", ranks.data(), ranks.size());
   write(dir + "/tokens.bin", tokens.data(), tokens.size());

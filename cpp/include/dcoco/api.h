@@ -22,7 +22,7 @@ std::string cutlass_version();  // the CUTLASS headers compiled against, "" with
 void select(const SelectParams& p);
 void correct(const CorrectParams& p);  // one launch for the whole batch
 void cand_table(const CandTableParams& p);
-int64_t workspace_floats(const CorrectParams& p);  // size of CorrectParams::workspace
+std::pair<int64_t, int64_t> workspace_sizes(const CorrectParams& p);  // (workspace floats, counter ints)
 // (device count, message); never throws, also without a driver.
 std::pair<int, std::string> status();
 }  // namespace cuda

@@ -99,12 +99,17 @@ DCOCO_HD void layer_norm(float* x, int n, const float* gamma, const float* beta)
 // S_p(a,b) from the rank-split first MLP layer (SPEC.md, "An exact rewrite"):
 //   u = W1_s s_p + b1, a = W1_a z_pa + w_la l_p(a), b = W1_b z_{p+1,b} + w_lb l_{p+1}(b)   (each H)
 //   S = l_{p+1}(b) + b2 + sum_j w2[j] gelu(u[j] + a[j] + b[j])
-DCOCO_HD float transition_score(const float* u, const float* a, const float* b, const float* w2, int H,
-                                float b2, float l_next) {
+// transition_terms sums j in [j0, j1), so a score can be split over threads and added in a fixed order.
+DCOCO_HD float transition_terms(const float* u, const float* a, const float* b, const float* w2, int j0, int j1) {
   float sum = 0.f;
   DCOCO_SIMD_SUM
-  for (int j = 0; j < H; ++j) sum += w2[j] * gelu(u[j] + a[j] + b[j]);
-  return l_next + (sum + b2);
+  for (int j = j0; j < j1; ++j) sum += w2[j] * gelu(u[j] + a[j] + b[j]);
+  return sum;
+}
+
+DCOCO_HD float transition_score(const float* u, const float* a, const float* b, const float* w2, int H,
+                                float b2, float l_next) {
+  return l_next + (transition_terms(u, a, b, w2, 0, H) + b2);
 }
 
 // Selection order: a larger value wins, NaN loses to every number, ties keep the lower rank

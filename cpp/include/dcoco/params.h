@@ -39,7 +39,7 @@ struct CorrectParams {
   float* scores = nullptr;   // (R,B-1,K,K) out, optional: S[r,p,a,b] = S_{p+1}(a,b)
   int64_t* ranks = nullptr;  // (R,B) out, optional: the greedy walk
   int64_t* tokens = nullptr; // (R,B) out, with ranks: cand_ids gathered at ranks
-  // CUDA only: a float workspace of cuda::workspace_floats(*this) and R zeroed int32 counters, both torch
+  // CUDA only: a float workspace and zeroed int32 counters of cuda::workspace_sizes(*this), both torch
   // allocations, and the stream to launch on.
   float* workspace = nullptr;
   int32_t* counters = nullptr;
