@@ -163,3 +163,10 @@ def test_torch_compile_fullgraph():
     torch.testing.assert_close(scores, m.score(*case.inputs), rtol=0, atol=0)
     assert torch.equal(ranks, m(*case.inputs)[0])
     assert torch.equal(geo, dcoco.select(scores, case.cand_logits[:, 0], "geometric", 0.75))
+
+
+def test_the_compiled_maximum_of_candidates_and_a_large_batch():
+    """K = MAX_CANDIDATES (64) and R = 300 requests (many row blocks and threads' tasks) against the reference."""
+    for R, K, d in ((2, dcoco.MAX_CANDIDATES, 64), (300, 4, 8)):
+        case = make_case(R, 6, K, d, V=max(4 * K, 97), seed=R + K)
+        check_case(case, f"R={R} K={K}")

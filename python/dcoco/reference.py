@@ -12,13 +12,13 @@ def score(hidden, cand_ids, cand_logits, embed, cand_proj, ctx_proj, fuse_proj, 
           pair_proj, mlp0_weight, mlp0_bias, mlp2_weight, mlp2_bias) -> torch.Tensor:
     """scores (R,B-1,K,K): scores[r,p,a,b] = l_{p+1}(b) + MLP([s_p ; z_pa ; z_{p+1,b} ; l_p(a) ; l_{p+1}(b)])."""
     dt = torch.promote_types(hidden.dtype, torch.float32)
-    h, l, E = hidden.to(dt), cand_logits.to(dt), embed.to(dt)
+    h, l = hidden.to(dt), cand_logits.to(dt)
     Wc, Wx, Wf, gamma, beta, Wp, W1, b1, W2, b2 = (t.to(dt) for t in (
         cand_proj, ctx_proj, fuse_proj, fuse_norm_weight, fuse_norm_bias, pair_proj, mlp0_weight, mlp0_bias,
         mlp2_weight, mlp2_bias))
     R, B, K = cand_ids.shape
     r = Wc.shape[0]
-    b = F.layer_norm(E[cand_ids.long()] @ Wc.T, (r,), eps=1e-5)                 # (R,B,K,r)
+    b = F.layer_norm(embed[cand_ids.long()].to(dt) @ Wc.T, (r,), eps=1e-5)      # (R,B,K,r)
     g = F.layer_norm(h @ Wx.T, (r,), eps=1e-5)                                   # (R,B,r)
     z = F.layer_norm(torch.cat([b, g[:, :, None].expand(R, B, K, r)], -1) @ Wf.T, (r,), gamma, beta, eps=1e-5)
     s = torch.cat([h[:, :-1], h[:, 1:]], -1) @ Wp.T                               # (R,B-1,r)
