@@ -170,3 +170,15 @@ def test_the_compiled_maximum_of_candidates_and_a_large_batch():
     for R, K, d in ((2, dcoco.MAX_CANDIDATES, 64), (300, 4, 8)):
         case = make_case(R, 6, K, d, V=max(4 * K, 97), seed=R + K)
         check_case(case, f"R={R} K={K}")
+
+
+def test_concurrent_calls_from_python_threads():
+    """The core releases the GIL and keeps per-thread workspaces: parallel callers get the sequential results."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    cases = [make_case(4, 15, 16, 576, seed=20 + i) for i in range(4)]
+    want = [(c.corrector.score(*c.inputs), c.corrector(*c.inputs)[0]) for c in cases]
+    with ThreadPoolExecutor(4) as pool:
+        got = list(pool.map(lambda c: (c.corrector.score(*c.inputs), c.corrector(*c.inputs)[0]), cases * 3))
+    for i, (s, r) in enumerate(got):
+        assert torch.equal(s, want[i % 4][0]) and torch.equal(r, want[i % 4][1])

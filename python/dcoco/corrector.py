@@ -18,7 +18,9 @@ class Corrector(nn.Module):
       fuse_norm.weight / .bias (r), pair_proj.weight (r,2d) on [h_p ; h_{p+1}],
       mlp.0.weight (H,3r+2) / .bias (H) on [s_p ; z_pa ; z_{p+1,b} ; l_p(a) ; l_{p+1}(b)],
       mlp.2.weight (1,H) / .bias (1), zero-initialised so that a fresh corrector keeps the drafter's argmax.
-    The token-embedding table is frozen and passed to every call, never a parameter.
+    The token-embedding table is frozen and passed to every call, never a parameter. num_candidates is the
+    K the corrector is meant for (checkpoint metadata); no parameter depends on it, and calls accept any
+    K up to dcoco.MAX_CANDIDATES.
     """
 
     def __init__(self, hidden_size: int, num_candidates: int = 16, width: int = 128, mlp_hidden: int = 256):
