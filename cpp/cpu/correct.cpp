@@ -48,11 +48,13 @@ float* scratch(int slot, int64_t n) {
 template <class Load>
 void gather_lanes_as(Load load, int64_t d, const int64_t* rows, int64_t row0, int64_t m, int64_t k0, int64_t k1,
                      float* xt) {
-  for (int64_t j = 0; j < m; ++j) {
-    const int64_t base = (rows ? rows[j] : row0 + j) * d;
-    for (int64_t k = k0; k < k1; ++k) xt[(k - k0) * kLanes + j] = load(base + k);
+  int64_t base[kLanes];
+  for (int64_t j = 0; j < m; ++j) base[j] = (rows ? rows[j] : row0 + j) * d;
+  for (int64_t k = k0; k < k1; ++k) {  // contiguous 128-byte writes; m row streams read in step
+    float* out = xt + (k - k0) * kLanes;
+    for (int64_t j = 0; j < m; ++j) out[j] = load(base[j] + k);
+    std::fill(out + m, out + kLanes, 0.f);
   }
-  for (int64_t k = k0; k < k1; ++k) std::fill(xt + (k - k0) * kLanes + m, xt + (k - k0 + 1) * kLanes, 0.f);
 }
 
 void gather_lanes(const void* src, DType t, int64_t d, const int64_t* rows, int64_t row0, int64_t m, float* xt,
