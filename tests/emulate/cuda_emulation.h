@@ -1,7 +1,8 @@
 // Runs CUDA kernels written for dcoco on the CPU so the CPU tests exercise the kernels' own decomposition
-// (phases, barriers, warp reductions, the last-CTA handoff). Each CUDA thread is a coroutine (ucontext)
-// on one OS thread; a barrier yields until every thread of its block (or warp) has arrived. Only what
-// dcoco's kernels use is emulated. Blocks run one after another, which is one legal CUDA schedule.
+// (stages, barriers, warp reductions, inter-CTA counters). Several blocks run at once, each on its own OS
+// thread (so `__shared__` = thread_local static is per block); inside a block every CUDA thread is a
+// coroutine (ucontext), and a barrier yields until every thread of its block (or warp) has arrived.
+// Spin-waits on other blocks yield the OS thread. Only what dcoco's kernels use is emulated.
 #pragma once
 #include <ucontext.h>
 
@@ -12,6 +13,7 @@
 #include <cstring>
 #include <functional>
 #include <memory>
+#include <thread>
 #include <vector>
 
 #define __global__
@@ -19,7 +21,7 @@
 #define __host__
 #define __forceinline__ inline
 #define __launch_bounds__(n)
-#define __shared__ static
+#define __shared__ static thread_local
 
 struct dim3 {
   unsigned x = 1, y = 1, z = 1;
@@ -39,12 +41,13 @@ struct Barrier {  // counts arrivals; a new generation starts when all have arri
   unsigned size = 0, arrived = 0, generation = 0;
 };
 
-inline dim3 grid_dim, block_dim, block_idx;
-inline Thread* current = nullptr;
-inline ucontext_t scheduler;
-inline Barrier block_barrier;
-inline std::vector<Barrier> warp_barriers;
-inline std::vector<float> exchange;  // one slot per thread for warp shuffles
+inline dim3 grid_dim, block_dim;        // the launch's, read-only while it runs
+inline thread_local dim3 block_idx;      // everything below: the block this OS thread runs
+inline thread_local Thread* current = nullptr;
+inline thread_local ucontext_t scheduler;
+inline thread_local Barrier block_barrier;
+inline thread_local std::vector<Barrier> warp_barriers;
+inline thread_local std::vector<float> exchange;  // one slot per thread for warp shuffles
 
 inline void wait(Barrier& b) {
   const unsigned gen = b.generation;
@@ -74,9 +77,7 @@ inline float __shfl_xor_sync(unsigned, float v, int mask) {
   return other;
 }
 inline int atomicAdd(int* p, int v) { return __atomic_fetch_add(p, v, __ATOMIC_SEQ_CST); }
-// Blocks run in ticket order here, so a tile never finds its inputs missing; if one does, the kernel's
-// dependencies are wrong: stop instead of spinning forever.
-#define DCOCO_SPIN_PAUSE() (std::fputs("emulated kernel waits on a tile that never ran\n", stderr), std::abort())
+#define DCOCO_SPIN_PAUSE() std::this_thread::yield()
 inline float __int_as_float(int i) {
   float f;
   std::memcpy(&f, &i, sizeof f);
@@ -93,38 +94,47 @@ inline void trampoline() {
   swapcontext(&current->ctx, &scheduler);
 }
 
-// kernel<<<grid, threads>>>(args...) as launch(grid, threads, [&] { kernel(args...); }).
-inline void launch(dim3 grid, dim3 threads, const std::function<void()>& kernel) {
-  constexpr size_t kStack = 256 * 1024;
-  grid_dim = grid, block_dim = threads, body = &kernel;
-  const unsigned n = threads.x;
-  std::vector<Thread> pool(n);
-  for (auto& t : pool) t.stack.reset(new char[kStack]);
-  for (unsigned by = 0; by < grid.y; ++by)
-    for (unsigned bx = 0; bx < grid.x; ++bx) {
-      block_idx = dim3(bx, by);
-      block_barrier = {n, 0, 0};
-      warp_barriers.assign((n + 31) / 32, Barrier{32, 0, 0});
-      exchange.assign(n, 0.f);
-      for (unsigned i = 0; i < n; ++i) {
-        Thread& t = pool[i];
-        t.idx = dim3(i), t.done = false;
-        getcontext(&t.ctx);
-        t.ctx.uc_stack.ss_sp = t.stack.get(), t.ctx.uc_stack.ss_size = kStack, t.ctx.uc_link = nullptr;
-        makecontext(&t.ctx, trampoline, 0);
-      }
-      // Round-robin until every thread has returned; a thread that returns early (e.g. not the last CTA)
-      // leaves the block barrier, as on the GPU where exited threads no longer count.
-      for (unsigned live = n; live;) {
-        live = 0;
-        for (auto& t : pool) {
-          if (t.done) continue;
-          current = &t;
-          swapcontext(&scheduler, &t.ctx);
-          live += !t.done;
-        }
-      }
+// One block: its CUDA threads round-robin until every one has returned; a thread that returns early
+// leaves the block barrier, as on the GPU where exited threads no longer count.
+inline void run_block(dim3 idx, std::vector<Thread>& pool) {
+  const unsigned n = block_dim.x;
+  block_idx = idx;
+  block_barrier = {n, 0, 0};
+  warp_barriers.assign((n + 31) / 32, Barrier{32, 0, 0});
+  exchange.assign(n, 0.f);
+  for (unsigned i = 0; i < n; ++i) {
+    Thread& t = pool[i];
+    t.idx = dim3(i), t.done = false;
+    getcontext(&t.ctx);
+    t.ctx.uc_stack.ss_sp = t.stack.get(), t.ctx.uc_stack.ss_size = 256 * 1024, t.ctx.uc_link = nullptr;
+    makecontext(&t.ctx, trampoline, 0);
+  }
+  for (unsigned live = n; live;) {
+    live = 0;
+    for (auto& t : pool) {
+      if (t.done) continue;
+      current = &t;
+      swapcontext(&scheduler, &t.ctx);
+      live += !t.done;
     }
+  }
+}
+
+// kernel<<<grid, threads>>>(args...) as launch(grid, threads, [&] { kernel(args...); }): `workers` OS
+// threads take blocks in order, so up to that many blocks are in flight at once, like CTAs on SMs.
+inline void launch(dim3 grid, dim3 threads, const std::function<void()>& kernel, unsigned workers = 4) {
+  grid_dim = grid, block_dim = threads, body = &kernel;
+  std::atomic<uint64_t> next{0};
+  const uint64_t blocks = uint64_t(grid.x) * grid.y;
+  std::vector<std::thread> pool;
+  for (unsigned w = 0; w < workers; ++w)
+    pool.emplace_back([&] {
+      std::vector<Thread> threads_of_block(block_dim.x);
+      for (auto& t : threads_of_block) t.stack.reset(new char[256 * 1024]);
+      for (uint64_t b; (b = next.fetch_add(1)) < blocks;)
+        run_block(dim3(unsigned(b % grid.x), unsigned(b / grid.x)), threads_of_block);
+    });
+  for (auto& t : pool) t.join();
 }
 
 }  // namespace emu
