@@ -44,6 +44,12 @@ CorrectParams correct_params(const std::vector<int64_t>& sizes, uintptr_t hidden
   return p;
 }
 
+template <class Params>
+void run(const Params& p, bool cuda, void (*on_cpu)(const Params&), void (*on_cuda)(const Params&)) {
+  py::gil_scoped_release nogil;
+  (cuda ? on_cuda : on_cpu)(p);
+}
+
 }  // namespace
 
 PYBIND11_MODULE(_C, m) {
@@ -53,27 +59,24 @@ PYBIND11_MODULE(_C, m) {
   m.attr("cutlass_version") = cuda::cutlass_version();
   m.def("cuda_status", &cuda::status, "(device count, message); never raises");
 
-  // correct_cpu / correct_cuda: one signature; the CUDA one also takes its workspace, counters and stream.
-  auto correct = [](bool on_cuda) {
-    return [on_cuda](std::vector<int64_t> sizes, uintptr_t hidden, int hidden_dtype, uintptr_t ids, int ids_dtype,
-                     uintptr_t logits, int logits_dtype, uintptr_t embed, int embed_dtype, uintptr_t table,
-                     std::vector<uintptr_t> weights, uintptr_t scores, uintptr_t ranks, uintptr_t tokens,
-                     uintptr_t workspace, uintptr_t counters, uintptr_t stream) {
-      CorrectParams p = correct_params(sizes, hidden, hidden_dtype, ids, ids_dtype, logits, logits_dtype, embed,
-                                       embed_dtype, table, weights, scores, ranks, tokens);
-      p.workspace = reinterpret_cast<float*>(workspace);
-      p.counters = reinterpret_cast<int32_t*>(counters);
-      p.stream = reinterpret_cast<void*>(stream);
-      py::gil_scoped_release nogil;
-      on_cuda ? cuda::correct(p) : cpu::correct(p);
-    };
-  };
-  for (bool on_cuda : {false, true})
-    m.def(on_cuda ? "correct_cuda" : "correct_cpu", correct(on_cuda), py::arg("sizes"), py::arg("hidden"),
-          py::arg("hidden_dtype"), py::arg("cand_ids"), py::arg("ids_dtype"), py::arg("cand_logits"),
-          py::arg("logits_dtype"), py::arg("embed"), py::arg("embed_dtype"), py::arg("table"), py::arg("weights"),
-          py::arg("scores"), py::arg("ranks"), py::arg("tokens"), py::arg("workspace") = 0, py::arg("counters") = 0,
-          py::arg("stream") = 0);
+  // Each op runs on the CPU, or with cuda=True on the given stream; the GIL is released while it runs.
+  m.def(
+      "correct",
+      [](std::vector<int64_t> sizes, uintptr_t hidden, int hidden_dtype, uintptr_t ids, int ids_dtype,
+         uintptr_t logits, int logits_dtype, uintptr_t embed, int embed_dtype, uintptr_t table,
+         std::vector<uintptr_t> weights, uintptr_t scores, uintptr_t ranks, uintptr_t tokens, bool cuda,
+         uintptr_t stream, uintptr_t workspace, uintptr_t counters) {
+        CorrectParams p = correct_params(sizes, hidden, hidden_dtype, ids, ids_dtype, logits, logits_dtype, embed,
+                                         embed_dtype, table, weights, scores, ranks, tokens);
+        p.workspace = reinterpret_cast<float*>(workspace);
+        p.counters = reinterpret_cast<int32_t*>(counters);
+        p.stream = reinterpret_cast<void*>(stream);
+        run(p, cuda, cpu::correct, cuda::correct);
+      },
+      py::arg("sizes"), py::arg("hidden"), py::arg("hidden_dtype"), py::arg("cand_ids"), py::arg("ids_dtype"),
+      py::arg("cand_logits"), py::arg("logits_dtype"), py::arg("embed"), py::arg("embed_dtype"), py::arg("table"),
+      py::arg("weights"), py::arg("scores"), py::arg("ranks"), py::arg("tokens"), py::arg("cuda") = false,
+      py::arg("stream") = 0, py::arg("workspace") = 0, py::arg("counters") = 0);
   m.def(
       "cuda_workspace_sizes",
       [](std::vector<int64_t> sizes, bool table, bool scores) {
@@ -81,45 +84,38 @@ PYBIND11_MODULE(_C, m) {
         return cuda::workspace_sizes(p);
       },
       py::arg("sizes"), py::arg("table"), py::arg("scores"));
-
-  auto cand_table = [](bool on_cuda) {
-    return [on_cuda](int64_t V, int64_t d, int64_t r, uintptr_t embed, int embed_dtype, uintptr_t cand_proj,
-                     uintptr_t fuse_proj, uintptr_t table, uintptr_t stream) {
-      CandTableParams p;
-      p.V = V, p.d = d, p.r = r;
-      p.embed = ptr<void>(embed), p.embed_dtype = DType(embed_dtype);
-      p.cand_proj = ptr<float>(cand_proj), p.fuse_proj = ptr<float>(fuse_proj);
-      p.table = reinterpret_cast<float*>(table);
-      p.stream = reinterpret_cast<void*>(stream);
-      py::gil_scoped_release nogil;
-      on_cuda ? cuda::cand_table(p) : cpu::cand_table(p);
-    };
-  };
-  for (bool on_cuda : {false, true})
-    m.def(on_cuda ? "cand_table_cuda" : "cand_table_cpu", cand_table(on_cuda), py::arg("V"), py::arg("d"),
-          py::arg("r"), py::arg("embed"), py::arg("embed_dtype"), py::arg("cand_proj"), py::arg("fuse_proj"),
-          py::arg("table"), py::arg("stream") = 0);
-
-  auto select = [](bool on_cuda) {
-    return [on_cuda](int64_t R, int64_t B, int64_t K, uintptr_t scores, uintptr_t first, int first_dtype, int rule,
-                     float lam, uintptr_t work, uintptr_t next, uintptr_t ranks, uintptr_t stream) {
-      SelectParams p;
-      p.R = R, p.B = B, p.K = K;
-      p.scores = ptr<float>(scores);
-      p.first_logits = ptr<void>(first), p.first_dtype = DType(first_dtype);
-      p.rule = Rule(rule), p.lam = lam;
-      p.work = reinterpret_cast<float*>(work);
-      p.next = reinterpret_cast<int32_t*>(next);
-      p.ranks = reinterpret_cast<int64_t*>(ranks);
-      p.stream = reinterpret_cast<void*>(stream);
-      py::gil_scoped_release nogil;
-      on_cuda ? cuda::select(p) : cpu::select(p);
-    };
-  };
-  for (bool on_cuda : {false, true})
-    m.def(on_cuda ? "select_cuda" : "select_cpu", select(on_cuda), py::arg("R"), py::arg("B"), py::arg("K"),
-          py::arg("scores"), py::arg("first_logits"), py::arg("first_dtype"), py::arg("rule"), py::arg("lam"),
-          py::arg("work"), py::arg("next"), py::arg("ranks"), py::arg("stream") = 0);
+  m.def(
+      "cand_table",
+      [](int64_t V, int64_t d, int64_t r, uintptr_t embed, int embed_dtype, uintptr_t cand_proj, uintptr_t fuse_proj,
+         uintptr_t table, bool cuda, uintptr_t stream) {
+        CandTableParams p;
+        p.V = V, p.d = d, p.r = r;
+        p.embed = ptr<void>(embed), p.embed_dtype = DType(embed_dtype);
+        p.cand_proj = ptr<float>(cand_proj), p.fuse_proj = ptr<float>(fuse_proj);
+        p.table = reinterpret_cast<float*>(table);
+        p.stream = reinterpret_cast<void*>(stream);
+        run(p, cuda, cpu::cand_table, cuda::cand_table);
+      },
+      py::arg("V"), py::arg("d"), py::arg("r"), py::arg("embed"), py::arg("embed_dtype"), py::arg("cand_proj"),
+      py::arg("fuse_proj"), py::arg("table"), py::arg("cuda") = false, py::arg("stream") = 0);
+  m.def(
+      "select",
+      [](int64_t R, int64_t B, int64_t K, uintptr_t scores, uintptr_t first, int first_dtype, int rule, float lam,
+         uintptr_t work, uintptr_t next, uintptr_t ranks, bool cuda, uintptr_t stream) {
+        SelectParams p;
+        p.R = R, p.B = B, p.K = K;
+        p.scores = ptr<float>(scores);
+        p.first_logits = ptr<void>(first), p.first_dtype = DType(first_dtype);
+        p.rule = Rule(rule), p.lam = lam;
+        p.work = reinterpret_cast<float*>(work);
+        p.next = reinterpret_cast<int32_t*>(next);
+        p.ranks = reinterpret_cast<int64_t*>(ranks);
+        p.stream = reinterpret_cast<void*>(stream);
+        run(p, cuda, cpu::select, cuda::select);
+      },
+      py::arg("R"), py::arg("B"), py::arg("K"), py::arg("scores"), py::arg("first_logits"), py::arg("first_dtype"),
+      py::arg("rule"), py::arg("lam"), py::arg("work"), py::arg("next"), py::arg("ranks"), py::arg("cuda") = false,
+      py::arg("stream") = 0);
 
   m.def("gelu", [](float x) { return gelu(x); }, "the shared GELU (dcoco/math.h), for tests");
   m.def(

@@ -6,18 +6,12 @@
 #include <stdexcept>
 #include <string>
 
-#include "dcoco/api.h"
 #include "cand_table.cuh"
+#include "check.cuh"
+#include "dcoco/api.h"
 #include "portable_correct.cuh"
 
 namespace dcoco::cuda {
-namespace {
-
-void check(cudaError_t err, const char* what) {
-  if (err != cudaSuccess) throw std::runtime_error(std::string(what) + ": " + cudaGetErrorString(err));
-}
-
-}  // namespace
 
 std::pair<int64_t, int64_t> workspace_sizes(const CorrectParams& p) {
   const Plan l = plan_of(p);

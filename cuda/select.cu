@@ -2,9 +2,7 @@
 // Grids are tiny (B K^2 floats), so the launch is latency-bound; no host sync, current stream.
 #include <cuda_runtime.h>
 
-#include <stdexcept>
-#include <string>
-
+#include "check.cuh"
 #include "dcoco/api.h"
 #include "dcoco/select.h"
 
@@ -23,8 +21,7 @@ void select(const SelectParams& p) {
   constexpr int kThreads = 128;
   const auto blocks = unsigned((p.R + kThreads - 1) / kThreads);
   select_kernel<<<blocks, kThreads, 0, static_cast<cudaStream_t>(p.stream)>>>(p);
-  const cudaError_t err = cudaGetLastError();
-  if (err != cudaSuccess) throw std::runtime_error(std::string("dcoco.select: CUDA launch failed: ") + cudaGetErrorString(err));
+  check(cudaGetLastError(), "dcoco.select: CUDA launch failed");
 }
 
 }  // namespace dcoco::cuda

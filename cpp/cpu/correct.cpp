@@ -133,6 +133,7 @@ void correct(const CorrectParams& p) {
   float *succ = z + C * r, *pair = succ + C * H, *pred = pair + T * H;
   for (int64_t i = 0; i < C; ++i) logit[i] = load_float(p.cand_logits, p.logits_dtype, i);
   auto w1 = [&](int64_t col) { return Mat{w.w1 + col, in}; };  // W1's block of input columns from col
+  auto slot_of = [&](int64_t t) { return (t / (B - 1)) * B + t % (B - 1); };  // slot p of transition (req, p)
 
   // Per slot (S,r): g = LN(W_ctx h), P = W_pair[:, :d] h, Q = W_pair[:, d:] h. The hidden rows are
   // gathered once as lane blocks (tasks: block x slice of d), then projected by tasks (block, weight),
@@ -184,7 +185,7 @@ void correct(const CorrectParams& p) {
     float* xt = scratch(0, r * kLanes);
     float* s = scratch(1, kLanes * r);
     for (int64_t t = i0; t < i0 + m; ++t) {
-      const int64_t slot = (t / (B - 1)) * B + t % (B - 1);
+      const int64_t slot = slot_of(t);
       for (int64_t j = 0; j < r; ++j) s[(t - i0) * r + j] = P[slot * r + j] + Q[(slot + 1) * r + j];
     }
     to_lanes({s, r}, m, r, xt);
@@ -195,12 +196,12 @@ void correct(const CorrectParams& p) {
 
   // out[b] = S(a, b) of transition t = (request, p) for predecessor terms a_terms.
   auto score_row = [&](int64_t t, const float* a_terms, float* out) {
-    const int64_t next = ((t / (B - 1)) * B + t % (B - 1) + 1) * K;  // first candidate of slot p+1
+    const int64_t next = (slot_of(t) + 1) * K;  // first candidate of slot p+1
     cpu::score_row(pair + t * H, a_terms, succ + next * H, w.w2, int(H), w.b2[0], logit + next, int(K), out);
   };
   if (grid) {
     parallel_for(T, [&](int64_t t) {
-      const int64_t c0 = ((t / (B - 1)) * B + t % (B - 1)) * K;  // first candidate of slot p
+      const int64_t c0 = slot_of(t) * K;  // first candidate of slot p
       for (int64_t a = 0; a < K; ++a) score_row(t, pred + (c0 + a) * H, p.scores + (t * K + a) * K);
     });
   }

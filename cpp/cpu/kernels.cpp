@@ -33,10 +33,6 @@ DCOCO_INLINE void tile(Mat W, Mat Xt, int64_t Kd, float* Y, int64_t ldy, int64_t
 }  // namespace
 
 DCOCO_ISA_CLONES void project_t(Mat Xt, int64_t M, Mat W, int64_t N, int64_t Kd, float* Y, int64_t ldy) {
-  if (Kd == 0) {
-    for (int64_t j = 0; j < M; ++j) std::fill(Y + j * ldy, Y + j * ldy + N, 0.f);
-    return;
-  }
   for (int64_t k0 = 0; k0 < Kd; k0 += kDepth) {
     const int64_t kd = std::min(kDepth, Kd - k0);
     const Mat Xk{Xt.ptr + k0 * Xt.ld, Xt.ld};

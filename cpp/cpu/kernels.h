@@ -16,7 +16,7 @@ struct Mat {  // a row-major view: element (i,j) at ptr[i * ld + j]
 constexpr int64_t kLanes = 32;  // columns of a transposed activation block (one register tile wide)
 
 // Y(M,N) = X(M,Kd) W(N,Kd)^T with X given transposed as a lane block Xt(Kd, kLanes), M <= kLanes,
-// columns M..kLanes-1 zero. Y rows at stride ldy.
+// columns M..kLanes-1 zero, Kd >= 1. Y rows at stride ldy.
 void project_t(Mat Xt, int64_t M, Mat W, int64_t N, int64_t Kd, float* Y, int64_t ldy);
 
 // y(N) = W(N,Kd) x(Kd): one row, for the walk's single predecessor.

@@ -58,7 +58,7 @@ def _shape(name: str, t: torch.Tensor, want: tuple, what: str) -> None:
         raise ValueError(f"{name}: expected shape {tuple(want)} {what}, got {tuple(t.shape)}")
 
 
-def _same_device(named: dict) -> torch.device:
+def _same_device(named: dict) -> None:
     devices = {n: t.device for n, t in named.items() if t is not None}
     first = next(iter(devices.values()))
     for n, dev in devices.items():
@@ -66,7 +66,6 @@ def _same_device(named: dict) -> torch.device:
             raise ValueError(f"{n}: expected device {first} like {next(iter(devices))}, got {dev}")
     if first.type not in ("cpu", "cuda", "meta"):
         raise ValueError(f"{next(iter(devices))}: device {first} is not supported (cpu or cuda)")
-    return first
 
 
 def check_inputs(hidden, cand_ids, cand_logits, embed, weights, table=None) -> tuple[int, ...]:
@@ -122,15 +121,24 @@ def _out(shape, dtype, device) -> torch.Tensor:
     return torch.empty(shape, dtype=dtype, device=device)
 
 
-def _cuda_stream(op: str, device: torch.device) -> int:
-    """The current stream of device, once the CUDA path may run; raises clearly when it may not."""
+def _check_cuda(op: str) -> None:
+    """Raises clearly when the CUDA path of op may not run."""
     if not _C.built_with_cuda:
         raise RuntimeError(f"dcoco.{op}: CUDA tensors given, but dcoco was built without CUDA ({_C.cuda_status()[1]})")
     if op != "select" and os.environ.get("DCOCO_UNVALIDATED_CUDA") != "1":
         raise NotImplementedError(
             f"dcoco.{op}: the CUDA forward is built but has not been validated on a GPU yet (bench/gpu_check.sh "
             "does that); set DCOCO_UNVALIDATED_CUDA=1 to run it anyway, or pass CPU tensors")
-    return torch.cuda.current_stream(device).cuda_stream
+
+
+def _launch(op: str, fn, device: torch.device, *args, **cuda_args) -> None:
+    """fn(*args) on the CPU, or on device's current stream (cuda_args: its CUDA workspace) for CUDA tensors."""
+    if device.type != "cuda":
+        fn(*args)
+        return
+    _check_cuda(op)
+    with torch.cuda.device(device):
+        fn(*args, cuda=True, stream=torch.cuda.current_stream(device).cuda_stream, **cuda_args)
 
 
 def _run_core(hidden, cand_ids, cand_logits, embed, weights, table, sizes, scores, ranks, tokens) -> None:
@@ -142,16 +150,13 @@ def _run_core(hidden, cand_ids, cand_logits, embed, weights, table, sizes, score
     args = (list(sizes), hidden.data_ptr(), _FLOAT_CODES[hidden.dtype], cand_ids.data_ptr(), _ID_CODES[cand_ids.dtype],
             cand_logits.data_ptr(), _FLOAT_CODES[cand_logits.dtype], embed.data_ptr(), _FLOAT_CODES[embed.dtype],
             ptr(table), [w.data_ptr() for w in ws], ptr(scores), ptr(ranks), ptr(tokens))
-    dev = hidden.device
-    if dev.type != "cuda":
-        _C.correct_cpu(*args)
-        return
-    stream = _cuda_stream("score" if ranks is None else "correct", dev)
-    floats, ints = _C.cuda_workspace_sizes(list(sizes), table is not None, scores is not None)
-    workspace = torch.empty(floats, dtype=torch.float32, device=dev)
-    counters = torch.zeros(ints, dtype=torch.int32, device=dev)
-    with torch.cuda.device(dev):
-        _C.correct_cuda(*args, workspace=workspace.data_ptr(), counters=counters.data_ptr(), stream=stream)
+    dev, workspace = hidden.device, {}
+    if dev.type == "cuda":
+        floats, ints = _C.cuda_workspace_sizes(list(sizes), table is not None, scores is not None)
+        work = torch.empty(floats, dtype=torch.float32, device=dev)
+        counters = torch.zeros(ints, dtype=torch.int32, device=dev)
+        workspace = {"workspace": work.data_ptr(), "counters": counters.data_ptr()}
+    _launch("score" if ranks is None else "correct", _C.correct, dev, *args, **workspace)
 
 
 # --- score -----------------------------------------------------------------------------------------
@@ -211,14 +216,8 @@ def _cand_table_impl(embed, cand_proj, fuse_proj):
     embed = embed.contiguous()
     cp, fp = cand_proj.to(torch.float32).contiguous(), fuse_proj.to(torch.float32).contiguous()
     args = (V, d, r, embed.data_ptr(), _FLOAT_CODES[embed.dtype], cp.data_ptr(), fp.data_ptr(), table.data_ptr())
-    if not V:
-        return table
-    if embed.device.type == "cuda":
-        stream = _cuda_stream("cand_table", embed.device)
-        with torch.cuda.device(embed.device):
-            _C.cand_table_cuda(*args, stream=stream)
-    else:
-        _C.cand_table_cpu(*args)
+    if V:
+        _launch("cand_table", _C.cand_table, embed.device, *args)
     return table
 
 
@@ -259,12 +258,7 @@ def _select_impl(scores, first_logits, rule, lam):
     nxt = torch.empty((R, max(B - 1, 1), K), dtype=torch.int32, device=dev)
     args = (R, B, K, scores.data_ptr(), first_logits.data_ptr(), _FLOAT_CODES[first_logits.dtype], RULES[rule],
             float(lam), work.data_ptr(), nxt.data_ptr(), ranks.data_ptr())
-    if dev.type == "cuda":
-        stream = _cuda_stream("select", dev)
-        with torch.cuda.device(dev):
-            _C.select_cuda(*args, stream=stream)
-    else:
-        _C.select_cpu(*args)
+    _launch("select", _C.select, dev, *args)
     return ranks
 
 

@@ -22,12 +22,12 @@ def gguf_path() -> Path:
     return path
 
 
-def load(dtype=None):
-    """(tokenizer, model) of SmolLM2-135M-Instruct, offline, dequantised (float32 unless dtype)."""
+def load():
+    """(tokenizer, model) of SmolLM2-135M-Instruct, offline, dequantised to float32."""
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     path = gguf_path()
     tok = AutoTokenizer.from_pretrained(path.parent, gguf_file=path.name)
-    model = AutoModelForCausalLM.from_pretrained(path.parent, gguf_file=path.name, torch_dtype=dtype)
+    model = AutoModelForCausalLM.from_pretrained(path.parent, gguf_file=path.name)
     return tok, model.eval()
