@@ -19,6 +19,7 @@ DCOCO_CUDA=ON DCOCO_CUDA_ARCHS="$arch" python3 -m pip install -q --no-build-isol
 export PYTHONPATH=/tmp/dcoco:/tmp/site
 log "built in $((SECONDS - start)) s: $(python3 -c 'import dcoco, json; print(json.dumps(dcoco.build_info()))')"
 
+# every kernel path the GPU can run (DCOCO_CUDA_PATH: simt, sm80, sm90 or sm100) against the reference
 python3 -m pytest -x -q -p no:cacheprovider tests/test_cuda.py tests/test_select.py 2>&1 | tee "$OUT/tests.log" | tail -15
 log "tests: $(tail -1 "$OUT/tests.log")"
 

@@ -1,8 +1,16 @@
 // The vocabulary table on the GPU (prepare_inference): T[v] = W_fuse[:, :r] LN(W_cand E[v]).
 #pragma once
-#include "portable_correct.cuh"  // warp_dot, dot, kThreads
+#include "plan.cuh"  // kThreads, wdot
 
 namespace dcoco::cuda {
+
+// sum_k x[k] w[k] over one warp, x of any float dtype from element xo; every lane gets the sum.
+__device__ inline float warp_dot(const void* x, DType t, int64_t xo, const float* w, int64_t n) {
+  float s = 0.f;
+  for (int64_t k = threadIdx.x % 32; k < n; k += 32) s += load_float(x, t, xo + k) * ldg(w + k);
+  for (int off = 16; off; off >>= 1) s += __shfl_xor_sync(0xffffffffu, s, off);
+  return s;
+}
 
 // The vocabulary table: T[v] = W_fuse[:, :r] LN(W_cand E[v]), one warp per vocabulary row; dynamic shared
 // memory holds each warp's (r) row LN(W_cand E[v]).
@@ -18,7 +26,7 @@ __global__ void __launch_bounds__(kThreads) cand_table_kernel(CandTableParams p)
   __syncwarp();
   if (threadIdx.x % 32 == 0) layer_norm(b, int(p.r), nullptr, nullptr);
   __syncwarp();
-  for (int64_t o = threadIdx.x % 32; o < p.r; o += 32) p.table[v * p.r + o] = dot(p.fuse_proj + o * 2 * p.r, b, p.r);
+  for (int64_t o = threadIdx.x % 32; o < p.r; o += 32) p.table[v * p.r + o] = wdot(p.fuse_proj + o * 2 * p.r, b, p.r);
 }
 
 }  // namespace dcoco::cuda

@@ -7,8 +7,8 @@
 
 namespace dcoco::cuda {
 
-inline void check(cudaError_t err, const char* what) {
-  if (err != cudaSuccess) throw std::runtime_error(std::string(what) + ": " + cudaGetErrorString(err));
+inline void check(cudaError_t err, const std::string& what) {
+  if (err != cudaSuccess) throw std::runtime_error(what + ": " + cudaGetErrorString(err));
 }
 
 }  // namespace dcoco::cuda

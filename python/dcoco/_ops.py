@@ -152,7 +152,9 @@ def _run_core(hidden, cand_ids, cand_logits, embed, weights, table, sizes, score
             ptr(table), [w.data_ptr() for w in ws], ptr(scores), ptr(ranks), ptr(tokens))
     dev, workspace = hidden.device, {}
     if dev.type == "cuda":
-        floats, ints = _C.cuda_workspace_sizes(list(sizes), table is not None, scores is not None)
+        _check_cuda("score" if ranks is None else "correct")
+        with torch.cuda.device(dev):  # the split of d follows the device's SM count
+            floats, ints = _C.cuda_workspace_sizes(list(sizes), table is not None, scores is not None)
         work = torch.empty(floats, dtype=torch.float32, device=dev)
         counters = torch.zeros(ints, dtype=torch.int32, device=dev)
         workspace = {"workspace": work.data_ptr(), "counters": counters.data_ptr()}

@@ -1,8 +1,10 @@
-// Runs cuda/portable_correct.cuh's kernel under tests/emulate/cuda_emulation.h on inputs written by
-// tests/test_cuda_emulated.py: argv[1] is a folder with meta.txt and raw .bin arrays; outputs go there.
+// Runs the fused forward (cuda/fused_correct.cuh, its SIMT policy) under tests/emulate/cuda_emulation.h on
+// inputs written by tests/test_cuda_emulated.py: argv[1] is a folder with meta.txt and raw .bin arrays;
+// outputs go there.
 #include "cuda_emulation.h"
 // the emulation header must come first: it defines the CUDA keywords the kernel uses
-#include "portable_correct.cuh"
+#define DCOCO_DYNAMIC_SMEM(name) alignas(1024) static thread_local char name[1 << 18]
+#include "fused_correct.cuh"
 
 #include <cstdio>
 #include <fstream>
@@ -26,8 +28,8 @@ int main(int argc, char** argv) {
   const std::string dir = argv[1];
   std::ifstream meta(dir + "/meta.txt");
   CorrectParams p;
-  int hd, idd, ld, ed, has_table, want_scores;
-  meta >> p.R >> p.B >> p.K >> p.d >> p.V >> p.r >> p.H >> hd >> idd >> ld >> ed >> has_table >> want_scores;
+  int hd, idd, ld, ed, has_table, want_scores, sms;
+  meta >> p.R >> p.B >> p.K >> p.d >> p.V >> p.r >> p.H >> hd >> idd >> ld >> ed >> has_table >> want_scores >> sms;
   p.hidden_dtype = DType(hd), p.ids_dtype = DType(idd), p.logits_dtype = DType(ld), p.embed_dtype = DType(ed);
   auto hidden = read(dir + "/hidden.bin"), ids = read(dir + "/ids.bin"), logits = read(dir + "/logits.bin"),
        embed = read(dir + "/embed.bin"), table = read(dir + "/table.bin");
@@ -43,15 +45,19 @@ int main(int argc, char** argv) {
   std::vector<int64_t> ranks(p.R * p.B, -1), tokens(p.R * p.B, -1);
   p.scores = want_scores ? scores.data() : nullptr;
   p.ranks = ranks.data(), p.tokens = tokens.data();
-  const cuda::Plan plan = cuda::plan_of(p);
+  const cuda::Plan plan = cuda::plan_of(p, sms);
+  if (plan.smem > (1 << 18)) return 5;
   std::vector<float> workspace(plan.floats, __int_as_float(0x7fc00000));
   std::vector<int32_t> counters(plan.ints, 0);
   p.workspace = workspace.data(), p.counters = counters.data();
-  const int64_t ctas = plan.stage1 + plan.stage2 + plan.stage3;
-  emu::launch(dim3(unsigned(ctas)), dim3(cuda::kThreads), [&] { cuda::correct_kernel(p); });
-  if (counters[plan.ticket] != ctas) return 3;  // every CTA took exactly one ticket
-  for (int64_t i = 0; i < p.R; ++i)
-    if (counters[plan.req_done + i] != p.B) return 4;  // every slot tile arrived
+  emu::launch(dim3(unsigned(plan.ctas)), dim3(cuda::kThreads), [&] { cuda::correct_kernel<cuda::Arch::simt>(p, sms); });
+  if (counters[plan.ticket] != plan.ctas) return 3;  // every CTA took exactly one ticket
+  for (int64_t g = 0; g < plan.groups; ++g)
+    if (counters[plan.group_done + g] != plan.g_nt) return 4;  // every stage-2 tile arrived
+  for (int64_t q = 0; q < p.R && want_scores; ++q)
+    if (counters[plan.grid_done + q] != p.B - 1) return 4;
+  std::printf("ksplit %ld stage tiles %ld %ld %ld %ld\n", long(plan.ksplit), long(plan.stage1), long(plan.stage2),
+              long(plan.stage3), long(plan.stage4));
   if (want_scores) write(dir + "/scores.bin", scores.data(), scores.size());
   write(dir + "/ranks.bin", ranks.data(), ranks.size());
   write(dir + "/tokens.bin", tokens.data(), tokens.size());

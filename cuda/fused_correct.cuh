@@ -1,0 +1,98 @@
+// The fused forward: every stage of plan.cuh in one launch, with the MMA policy of the device's arch.
+// float32 inputs always take the exact fp32 (SIMT) policy; 16-bit inputs take the arch's tensor cores.
+#pragma once
+#include "stage_walk.cuh"
+
+#if defined(__CUDACC__)
+#include "sm80_mma.cuh"
+#include "sm90_gmma.cuh"
+#include "sm100_umma.cuh"
+#endif
+
+// Dynamic shared memory (the CPU emulation of the kernel declares a per-block buffer instead).
+#ifndef DCOCO_DYNAMIC_SMEM
+#define DCOCO_DYNAMIC_SMEM(name) extern __shared__ __align__(1024) char name[]
+#endif
+
+namespace dcoco::cuda {
+
+enum class Arch { simt, sm80, sm90, sm100 };
+
+#if defined(__CUDACC__)
+template <Arch A, class Elem, int APlanes>
+using TensorCoreMma =
+    std::conditional_t<A == Arch::sm100, Sm100Mma<Elem, APlanes>,
+                       std::conditional_t<A == Arch::sm90, Sm90Mma<Elem, APlanes>, Sm80Mma<Elem, APlanes>>>;
+
+// Whether this compilation target can run arch A's instructions (other targets get an empty kernel).
+template <Arch A>
+__device__ constexpr bool compiled_for() {
+#if defined(__CUDA_ARCH__)
+  if constexpr (A == Arch::sm90) {
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+    return true;
+#else
+    return false;
+#endif
+  }
+  if constexpr (A == Arch::sm100) {
+#if defined(__CUDA_ARCH_FEAT_SM100_ALL) || defined(__CUDA_ARCH_FEAT_SM103_ALL)
+    return true;
+#else
+    return false;
+#endif
+  }
+  if constexpr (A == Arch::sm80) return __CUDA_ARCH__ >= 800;
+#endif
+  return true;
+}
+#endif
+
+template <Arch A>
+__device__ void run_tile(const CorrectParams& p, const Plan& l, int64_t t, char* smem) {
+  float* ws = p.workspace;
+  int* counters = p.counters;
+  if (t < l.stage1) {
+    const ProjectTile x = project_tile_of(p, l, t);
+    if constexpr (A != Arch::simt) {
+#if defined(__CUDACC__)
+      const DType xt = x.slots ? p.hidden_dtype : p.embed_dtype;
+      if (xt == DType::bf16) return project<TensorCoreMma<A, cute::bfloat16_t, 1>>(p, l, x, smem, ws, counters);
+      if (xt == DType::f16) return project<TensorCoreMma<A, cute::half_t, 1>>(p, l, x, smem, ws, counters);
+#endif
+    }
+    return project<SimtMma>(p, l, x, smem, ws, counters);
+  }
+  t -= l.stage1;
+  if (t < l.stage2) {
+    if constexpr (A != Arch::simt) {
+#if defined(__CUDACC__)
+      if (p.hidden_dtype != DType::f32) return fuse<TensorCoreMma<A, cute::bfloat16_t, 2>>(p, l, t, smem, ws, counters);
+#endif
+    }
+    return fuse<SimtMma>(p, l, t, smem, ws, counters);
+  }
+  t -= l.stage2;
+  if (t < l.stage3) return score_tile(p, l, t, smem, ws, counters);
+  walk_tile(p, l, t - l.stage3, smem, ws, counters);
+}
+
+// Grid: plan.ctas CTAs of kThreads with plan.smem bytes of dynamic shared memory; counters zeroed.
+template <Arch A>
+__global__ void __launch_bounds__(kThreads) correct_kernel(CorrectParams p, int sms) {
+#if defined(__CUDACC__)
+  if constexpr (!compiled_for<A>()) {
+    __trap();
+  } else
+#endif
+  {
+    DCOCO_DYNAMIC_SMEM(smem);
+    const Plan l = plan_of(p, sms);
+    __shared__ int64_t ticket;
+    if (threadIdx.x == 0) ticket = atomicAdd(p.counters + l.ticket, 1);
+    __syncthreads();
+    run_tile<A>(p, l, ticket, smem);
+  }
+}
+
+}  // namespace dcoco::cuda

@@ -1,0 +1,86 @@
+// Tensor-core MMA policy for sm_80 and later (mma.sync m16n8k16 via CuTe; also what sm_100a runs until
+// it has a tcgen05 policy). Operands are 16-bit (bf16 or fp16) with fp32 accumulation; a float32 operand
+// is split into two 16-bit planes x = hi + lo (relative residue ~2^-16), and the products
+// A_hi B_hi + A_hi B_lo (+ A_lo B_hi) keep float32 weights to about float32 accuracy.
+#pragma once
+#include <cute/tensor.hpp>
+#include <cute/atom/mma_atom.hpp>
+#include <cute/atom/copy_atom.hpp>
+
+#include "mainloop.cuh"
+
+namespace dcoco::cuda {
+
+// x split into planes of Elem: hi = round(x), lo = round(x - hi).
+template <class Elem>
+__device__ inline Elem plane_of(float x, int plane) {
+  const Elem hi = Elem(x);
+  return plane == 0 ? hi : Elem(x - float(hi));
+}
+
+template <class Elem, int APlanes>
+struct Sm80Mma {
+  static_assert(APlanes == 1 || APlanes == 2);
+  using Atom = std::conditional_t<std::is_same_v<Elem, cute::bfloat16_t>, cute::SM80_16x8x16_F32BF16BF16F32_TN,
+                                  cute::SM80_16x8x16_F32F16F16F32_TN>;
+  // 8 warps as (2,4) over (M,N); each warp owns 16 x 16 per repeat, so ldmatrix.x4 feeds A and B
+  using TiledMma = decltype(cute::make_tiled_mma(Atom{}, cute::Layout<cute::Shape<cute::_2, cute::_4, cute::_1>>{},
+                                                 cute::Tile<cute::_32, cute::_64, cute::_16>{}));
+  // (rows,kBK) K-major, 64-byte rows swizzled so ldmatrix reads are conflict-free
+  using Atom8 = decltype(cute::composition(cute::Swizzle<2, 3, 3>{},
+                                           cute::Layout<cute::Shape<cute::_8, cute::Int<kBK>>,
+                                                        cute::Stride<cute::Int<kBK>, cute::_1>>{}));
+  using LayoutA = decltype(cute::tile_to_shape(Atom8{}, cute::Shape<cute::Int<kBM>, cute::Int<kBK>>{}));
+  using LayoutB = decltype(cute::tile_to_shape(Atom8{}, cute::Shape<cute::Int<kBN>, cute::Int<kBK>>{}));
+  struct Storage {
+    alignas(128) Elem a[APlanes][kBM * kBK];
+    alignas(128) Elem b[2][kBN * kBK];
+  };
+  using Acc = decltype(cute::partition_fragment_C(TiledMma{}, cute::Shape<cute::Int<kBM>, cute::Int<kBN>>{}));
+
+  __device__ static void begin(Storage&, Acc& acc) { cute::clear(acc); }
+  __device__ static void end(Storage&, Acc&) {}
+  __device__ static void put_a(Storage& st, int m, int k, float x) {
+    for (int i = 0; i < APlanes; ++i)
+      cute::make_tensor(cute::make_smem_ptr(st.a[i]), LayoutA{})(m, k) = APlanes == 1 ? Elem(x) : plane_of<Elem>(x, i);
+  }
+  __device__ static void put_b(Storage& st, int n, int k, float x) {
+    for (int i = 0; i < 2; ++i) cute::make_tensor(cute::make_smem_ptr(st.b[i]), LayoutB{})(n, k) = plane_of<Elem>(x, i);
+  }
+  __device__ static void publish() {}
+  __device__ static void mma(Storage& st, Acc& acc) {
+    using namespace cute;
+    TiledMma tm;
+    auto thr = tm.get_slice(threadIdx.x);
+    auto s2r_a = make_tiled_copy_A(Copy_Atom<SM75_U32x4_LDSM_N, Elem>{}, tm);
+    auto s2r_b = make_tiled_copy_B(Copy_Atom<SM75_U32x4_LDSM_N, Elem>{}, tm);
+    auto ta = s2r_a.get_slice(threadIdx.x);
+    auto tb = s2r_b.get_slice(threadIdx.x);
+    auto load_a = [&](int i) {
+      Tensor s = make_tensor(make_smem_ptr(st.a[i]), LayoutA{});
+      Tensor f = thr.partition_fragment_A(s);  // (MMA,MMA_M,MMA_K)
+      copy(s2r_a, ta.partition_S(s), ta.retile_D(f));
+      return f;
+    };
+    auto load_b = [&](int i) {
+      Tensor s = make_tensor(make_smem_ptr(st.b[i]), LayoutB{});
+      Tensor f = thr.partition_fragment_B(s);  // (MMA,MMA_N,MMA_K)
+      copy(s2r_b, tb.partition_S(s), tb.retile_D(f));
+      return f;
+    };
+    auto a_hi = load_a(0);
+    auto b_hi = load_b(0), b_lo = load_b(1);
+    gemm(tm, a_hi, b_hi, acc);
+    gemm(tm, a_hi, b_lo, acc);
+    if constexpr (APlanes == 2) gemm(tm, load_a(1), b_hi, acc);
+  }
+  template <class F>
+  __device__ static void store(const Acc& acc, F&& f) {
+    using namespace cute;
+    auto thr = TiledMma{}.get_slice(threadIdx.x);
+    Tensor coord = thr.partition_C(make_identity_tensor(Shape<Int<kBM>, Int<kBN>>{}));
+    for (int i = 0; i < size(acc); ++i) f(int(get<0>(coord(i))), int(get<1>(coord(i))), acc(i));
+  }
+};
+
+}  // namespace dcoco::cuda

@@ -1,0 +1,65 @@
+// Tensor-core MMA policy for sm_90a: wgmma (CuTe GMMA atoms) reading both operands from shared memory in
+// the 64-byte-swizzled K-major layout; two warpgroups split the kBN columns. Same planes as sm80_mma.cuh.
+#pragma once
+#include <cute/tensor.hpp>
+#include <cute/atom/mma_atom.hpp>
+#include <cutlass/arch/barrier.h>
+
+#include "sm80_mma.cuh"
+
+namespace dcoco::cuda {
+
+template <class Elem, int APlanes>
+struct Sm90Mma {
+  static_assert(APlanes == 1 || APlanes == 2);
+  using Atom = std::conditional_t<
+      std::is_same_v<Elem, cute::bfloat16_t>,
+      cute::SM90_64x64x16_F32BF16BF16_SS<cute::GMMA::Major::K, cute::GMMA::Major::K>,
+      cute::SM90_64x64x16_F32F16F16_SS<cute::GMMA::Major::K, cute::GMMA::Major::K>>;
+  using TiledMma = decltype(cute::make_tiled_mma(Atom{}, cute::Layout<cute::Shape<cute::_1, cute::_2, cute::_1>>{}));
+  using LayoutA = decltype(cute::tile_to_shape(cute::GMMA::Layout_K_SW64_Atom<Elem>{},
+                                               cute::Shape<cute::Int<kBM>, cute::Int<kBK>>{}));
+  using LayoutB = decltype(cute::tile_to_shape(cute::GMMA::Layout_K_SW64_Atom<Elem>{},
+                                               cute::Shape<cute::Int<kBN>, cute::Int<kBK>>{}));
+  struct Storage {
+    alignas(1024) Elem a[APlanes][kBM * kBK];
+    alignas(1024) Elem b[2][kBN * kBK];
+  };
+  using Acc = decltype(cute::partition_fragment_C(TiledMma{}, cute::Shape<cute::Int<kBM>, cute::Int<kBN>>{}));
+
+  __device__ static void begin(Storage&, Acc& acc) { cute::clear(acc); }
+  __device__ static void end(Storage&, Acc&) {}
+  __device__ static void put_a(Storage& st, int m, int k, float x) {
+    for (int i = 0; i < APlanes; ++i)
+      cute::make_tensor(cute::make_smem_ptr(st.a[i]), LayoutA{})(m, k) = APlanes == 1 ? Elem(x) : plane_of<Elem>(x, i);
+  }
+  __device__ static void put_b(Storage& st, int n, int k, float x) {
+    for (int i = 0; i < 2; ++i) cute::make_tensor(cute::make_smem_ptr(st.b[i]), LayoutB{})(n, k) = plane_of<Elem>(x, i);
+  }
+  // wgmma reads shared memory through the async proxy: make this thread's generic stores visible to it
+  __device__ static void publish() { cutlass::arch::fence_view_async_shared(); }
+  __device__ static void mma(Storage& st, Acc& acc) {
+    using namespace cute;
+    TiledMma tm;
+    auto thr = tm.get_slice(threadIdx.x);
+    auto desc_a = [&](int i) { return thr.make_fragment_A(thr.partition_A(make_tensor(make_smem_ptr(st.a[i]), LayoutA{}))); };
+    auto desc_b = [&](int i) { return thr.make_fragment_B(thr.partition_B(make_tensor(make_smem_ptr(st.b[i]), LayoutB{}))); };
+    warpgroup_fence_operand(acc);
+    warpgroup_arrive();
+    gemm(tm, desc_a(0), desc_b(0), acc);
+    gemm(tm, desc_a(0), desc_b(1), acc);
+    if constexpr (APlanes == 2) gemm(tm, desc_a(1), desc_b(0), acc);
+    warpgroup_commit_batch();
+    warpgroup_wait<0>();
+    warpgroup_fence_operand(acc);
+  }
+  template <class F>
+  __device__ static void store(const Acc& acc, F&& f) {
+    using namespace cute;
+    auto thr = TiledMma{}.get_slice(threadIdx.x);
+    Tensor coord = thr.partition_C(make_identity_tensor(Shape<Int<kBM>, Int<kBN>>{}));
+    for (int i = 0; i < size(acc); ++i) f(int(get<0>(coord(i))), int(get<1>(coord(i))), acc(i));
+  }
+};
+
+}  // namespace dcoco::cuda
