@@ -40,3 +40,20 @@ def forward(hidden, cand_ids, cand_logits, embed, weights, table=None):
 def table(embed, cand_proj, fuse_proj):
     r = cand_proj.shape[0]
     return F.layer_norm(embed.float() @ cand_proj.float().T, (r,)) @ fuse_proj.float()[:, :r].T
+
+
+def score(hidden, cand_ids, cand_logits, embed, weights):
+    """The full score grid (R,B-1,K,K), differentiable: the training-time baseline of dcoco::score and its
+    backward. Rank split of the first layer; the (R,B-1,K,K,H) pre-activations are materialised once."""
+    Wc, Wx, Wf, gamma, beta, Wp, W1, b1, W2, b2 = (w.float() for w in weights)
+    h, l = hidden.float(), cand_logits.float()
+    d, r = h.shape[-1], Wc.shape[0]
+    b = F.layer_norm(F.embedding(cand_ids, embed).float() @ Wc.T, (r,))
+    g = F.layer_norm(h @ Wx.T, (r,))
+    z = F.layer_norm(b @ Wf[:, :r].T + (g @ Wf[:, r:].T)[:, :, None], (r,), gamma, beta)   # (R,B,K,r)
+    pq = h @ torch.cat([Wp[:, :d], Wp[:, d:]]).T                                             # (R,B,2r)
+    u = (pq[:, :-1, :r] + pq[:, 1:, r:]) @ W1[:, :r].T + b1                                  # (R,B-1,H)
+    pred = z[:, :-1] @ W1[:, r:2 * r].T + l[:, :-1, :, None] * W1[:, 3 * r]                # (R,B-1,K,H)
+    succ = z[:, 1:] @ W1[:, 2 * r:3 * r].T + l[:, 1:, :, None] * W1[:, 3 * r + 1]
+    x = u[:, :, None, None] + pred[:, :, :, None] + succ[:, :, None]                         # (R,B-1,K,K,H)
+    return F.gelu(x) @ W2[0] + b2 + l[:, 1:, None, :]

@@ -1,12 +1,16 @@
-"""Microbenchmarks of the corrector's forward (pytest-benchmark), side by side in one run: on the CPU always,
-and on CUDA when a device is visible (the `cuda` groups; CUDA timings synchronise after every call).
+"""Microbenchmarks of the corrector (pytest-benchmark), side by side in one run: the forward on the CPU
+always and on CUDA when a device is visible (the `cuda` groups; CUDA timings synchronise after every call);
+the training op (score and its compiled backward) on the CPU.
 
   python -m pytest bench/bench_ops.py --benchmark-only --benchmark-json bench/results/cpu.json
   python bench/summarize.py bench/results/cpu.json      # the markdown table of bench/README.md
 
 Groups R=1, 8, 32 (d=4096, B=15, K=16, V=151936, bf16 inputs), each with: the compiled forward with and
 without the prepared vocabulary table, the best PyTorch formulation (bench/baselines.py) with and without
-the same table, and the literal reference (dcoco.reference, materialised 386-wide MLP inputs)."""
+the same table, and the literal reference (dcoco.reference, materialised 386-wide MLP inputs).
+Groups "train R=1, 8": dcoco::score forward, its backward (score_backward) alone, forward + backward through
+autograd, against the best PyTorch formulation of the grid (bench/baselines.py score) forward and
+forward + backward."""
 
 import sys
 from pathlib import Path
@@ -77,3 +81,33 @@ def test_forward(benchmark, model, impl, R, device, monkeypatch):
         rounds = 3 if impl == "reference" else 15
         timed = fn if device == "cpu" else lambda: (fn(), torch.cuda.synchronize())
         benchmark.pedantic(timed, rounds=rounds, warmup_rounds=1)
+
+
+TRAIN_IMPLS = ["dcoco_forward", "dcoco_backward", "dcoco_forward_backward", "torch_forward", "torch_forward_backward"]
+
+
+@pytest.mark.parametrize("R", [1, 8])
+@pytest.mark.parametrize("impl", TRAIN_IMPLS)
+def test_train(benchmark, model, impl, R):
+    m, embed, _ = model
+    hidden, ids, logits = inputs(R)
+    hidden, logits = hidden.float().requires_grad_(), logits.float().requires_grad_()
+    w = tuple(t.detach().requires_grad_() for t in m.weights())
+    G = torch.randn(R, B - 1, K, K, generator=torch.Generator().manual_seed(R))
+    benchmark.group = f"train R={R}"
+    benchmark.extra_info.update(R=R, d=D, B=B, K=K, V=V, impl=impl, device="cpu", threads=torch.get_num_threads())
+    dcoco_score = lambda: torch.ops.dcoco.score(hidden, ids, logits, embed, *w)  # noqa: E731
+    torch_score = lambda: baselines.score(hidden, ids, logits, embed, w)  # noqa: E731
+    with torch.no_grad():
+        torch.testing.assert_close(dcoco_score(), torch_score(), rtol=1e-3, atol=1e-3)  # same grid before timing
+    if impl == "dcoco_forward":
+        fn = lambda: torch.ops.dcoco.score(hidden.detach(), ids, logits.detach(), embed, *(t.detach() for t in w))  # noqa: E731
+    elif impl == "dcoco_backward":
+        fn = lambda: torch.ops.dcoco.score_backward(G, hidden.detach(), ids, logits.detach(), embed,  # noqa: E731
+                                                    *(t.detach() for t in w))
+    elif impl == "torch_forward":
+        fn = lambda: torch_score().detach()  # noqa: E731
+    else:
+        score = dcoco_score if impl == "dcoco_forward_backward" else torch_score
+        fn = lambda: torch.autograd.grad((score() * G).sum(), (hidden, logits, *w))  # noqa: E731
+    benchmark.pedantic(fn, rounds=5, warmup_rounds=1)

@@ -3,7 +3,8 @@
 CUDA-graph replay, median of many, d=4096, B=15, K=16, V=151936, bf16 inputs, for R in 1..256: the fused
 op (after prepare_inference) vs the eager literal reference vs torch.compile of the best PyTorch
 formulation (bench/baselines.py, same table). The floor comes from the copy bandwidth and the bf16
-matrix rate measured in the same run. Prints a table last and writes JSON to --out."""
+matrix rate measured in the same run. Then the training op (score and its compiled backward) for R in 1, 8,
+32 against autograd through bench/baselines.py's score. Prints tables last and writes JSON to --out."""
 
 import argparse
 import json
@@ -97,8 +98,21 @@ def main() -> None:
             eager = eager_time_us(lambda: ref.forward(h, ids, lg, embed, *w)) if R <= 64 else None
         rows.append({"R": R, "fused_us": fused, "compile_us": comp, "eager_ref_us": eager, "floor_us": floor_us(R, ceil)})
         print(rows[-1], flush=True)
+    train = []  # the training op: dcoco::score forward, its compiled backward, vs autograd through the baseline
+    for R in (1, 8, 32):
+        h = torch.randn(R, B, D, device="cuda", dtype=torch.bfloat16)
+        ids = torch.randint(0, V, (R, B, K), device="cuda")
+        lg = torch.randn(R, B, K, device="cuda")
+        G = torch.randn(R, B - 1, K, K, device="cuda")
+        hg, lgg, wg = h.float().requires_grad_(), lg.clone().requires_grad_(), [t.clone().requires_grad_() for t in w]
+        fwd = graph_time_us(lambda: torch.ops.dcoco.score(h, ids, lg, embed, *w))
+        bwd = graph_time_us(lambda: torch.ops.dcoco.score_backward(G, h, ids, lg, embed, *w))
+        torch_fb = eager_time_us(lambda: torch.autograd.grad((baselines.score(hg, ids, lgg, embed, wg) * G).sum(),
+                                                             (hg, lgg, *wg)))
+        train.append({"R": R, "score_us": fwd, "backward_us": bwd, "torch_fwd_bwd_us": torch_fb})
+        print(train[-1], flush=True)
     info = {"gpu": torch.cuda.get_device_name(), "date": time.strftime("%Y-%m-%d"), "torch": torch.__version__,
-            "dcoco": dcoco.build_info(), "ceilings": ceil, "rows": rows}
+            "dcoco": dcoco.build_info(), "ceilings": ceil, "rows": rows, "train": train}
     Path(args.out, "gpu_bench.json").write_text(json.dumps(info, indent=2))
     print(f"\n{info['gpu']}, {info['date']}: median us per call (CUDA-graph replay)")
     print("| R | fused | torch.compile | eager reference | floor | compile/fused | eager/fused | fused/floor |")
@@ -108,6 +122,11 @@ def main() -> None:
         ef = f"{x['eager_ref_us'] / x['fused_us']:.1f}x" if x["eager_ref_us"] else "-"
         print(f"| {x['R']} | {x['fused_us']:.1f} | {x['compile_us']:.1f} | {e} | {x['floor_us']:.1f} | "
               f"{x['compile_us'] / x['fused_us']:.1f}x | {ef} | {x['fused_us'] / x['floor_us']:.1f}x |")
+    print("\n| R | score | backward | backward/score | torch fwd+bwd (eager) |")
+    print("|---|---|---|---|---|")
+    for x in train:
+        print(f"| {x['R']} | {x['score_us']:.1f} | {x['backward_us']:.1f} | {x['backward_us'] / x['score_us']:.1f}x | "
+              f"{x['torch_fwd_bwd_us']:.0f} |")
 
 
 if __name__ == "__main__":

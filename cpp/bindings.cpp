@@ -18,11 +18,35 @@ const T* ptr(uintptr_t a) {
   return reinterpret_cast<const T*>(a);
 }
 
-Weights weights_from(const std::vector<uintptr_t>& a) {
+template <class T = float>
+WeightsOf<T> weights_from(const std::vector<uintptr_t>& a) {
   if (a.empty()) return {};
   if (a.size() != 10) throw std::invalid_argument("weights: expected 10 pointers");
-  return {ptr<float>(a[0]), ptr<float>(a[1]), ptr<float>(a[2]), ptr<float>(a[3]), ptr<float>(a[4]),
-          ptr<float>(a[5]), ptr<float>(a[6]), ptr<float>(a[7]), ptr<float>(a[8]), ptr<float>(a[9])};
+  return {ptr<T>(a[0]), ptr<T>(a[1]), ptr<T>(a[2]), ptr<T>(a[3]), ptr<T>(a[4]),
+          ptr<T>(a[5]), ptr<T>(a[6]), ptr<T>(a[7]), ptr<T>(a[8]), ptr<T>(a[9])};
+}
+
+// The training path's params in precision T.
+template <class T>
+GradParams<T> grad_params(const std::vector<int64_t>& sizes, uintptr_t hidden, int hidden_dtype, uintptr_t ids,
+                          int ids_dtype, uintptr_t logits, int logits_dtype, uintptr_t embed, int embed_dtype,
+                          const std::vector<uintptr_t>& weights, uintptr_t grad, uintptr_t scores, uintptr_t d_hidden,
+                          uintptr_t d_logits, const std::vector<uintptr_t>& d_weights) {
+  if (sizes.size() != 7) throw std::invalid_argument("sizes: expected (R, B, K, d, V, r, H)");
+  if (!d_weights.empty() && d_weights.size() != 10) throw std::invalid_argument("d_weights: expected 10 pointers");
+  GradParams<T> p;
+  p.R = sizes[0], p.B = sizes[1], p.K = sizes[2], p.d = sizes[3], p.V = sizes[4], p.r = sizes[5], p.H = sizes[6];
+  p.hidden = ptr<void>(hidden), p.hidden_dtype = DType(hidden_dtype);
+  p.cand_ids = ptr<void>(ids), p.ids_dtype = DType(ids_dtype);
+  p.cand_logits = ptr<void>(logits), p.logits_dtype = DType(logits_dtype);
+  p.embed = ptr<void>(embed), p.embed_dtype = DType(embed_dtype);
+  p.w = weights_from<T>(weights);
+  p.grad = ptr<T>(grad);
+  p.scores = reinterpret_cast<T*>(scores);
+  p.d_hidden = reinterpret_cast<T*>(d_hidden);
+  p.d_logits = reinterpret_cast<T*>(d_logits);
+  for (size_t i = 0; i < d_weights.size(); ++i) p.d_w[i] = reinterpret_cast<T*>(d_weights[i]);
+  return p;
 }
 
 CorrectParams correct_params(const std::vector<int64_t>& sizes, uintptr_t hidden, int hidden_dtype, uintptr_t ids,
@@ -60,6 +84,40 @@ PYBIND11_MODULE(_C, m) {
   m.def("cuda_status", &cuda::status, "(device count, message); never raises");
 
   // Each op runs on the CPU, or with cuda=True on the given stream; the GIL is released while it runs.
+  m.def(
+      "score_grad",
+      [](std::vector<int64_t> sizes, uintptr_t hidden, int hidden_dtype, uintptr_t ids, int ids_dtype,
+         uintptr_t logits, int logits_dtype, uintptr_t embed, int embed_dtype, std::vector<uintptr_t> weights,
+         uintptr_t grad, uintptr_t scores, uintptr_t d_hidden, uintptr_t d_logits, std::vector<uintptr_t> d_weights,
+         bool float64, bool cuda, uintptr_t stream, uintptr_t workspace) {
+        if (float64) {
+          if (cuda) throw std::invalid_argument("hidden: float64 runs on the CPU only");
+          const auto p = grad_params<double>(sizes, hidden, hidden_dtype, ids, ids_dtype, logits, logits_dtype, embed,
+                                             embed_dtype, weights, grad, scores, d_hidden, d_logits, d_weights);
+          py::gil_scoped_release nogil;
+          cpu::score_grad(p);
+          return;
+        }
+        auto p = grad_params<float>(sizes, hidden, hidden_dtype, ids, ids_dtype, logits, logits_dtype, embed,
+                                    embed_dtype, weights, grad, scores, d_hidden, d_logits, d_weights);
+        p.workspace = reinterpret_cast<float*>(workspace);
+        p.stream = reinterpret_cast<void*>(stream);
+        run(p, cuda, cpu::score_grad, cuda::score_grad);
+      },
+      "the training path: scores and/or gradients (GradParams); float64 on the CPU only",
+      py::arg("sizes"), py::arg("hidden"), py::arg("hidden_dtype"), py::arg("cand_ids"), py::arg("ids_dtype"),
+      py::arg("cand_logits"), py::arg("logits_dtype"), py::arg("embed"), py::arg("embed_dtype"), py::arg("weights"),
+      py::arg("grad"), py::arg("scores"), py::arg("d_hidden"), py::arg("d_logits"), py::arg("d_weights"),
+      py::arg("float64"), py::arg("cuda") = false, py::arg("stream") = 0, py::arg("workspace") = 0);
+  m.def(
+      "cuda_grad_workspace_size",
+      [](std::vector<int64_t> sizes) {
+        if (sizes.size() != 7) throw std::invalid_argument("sizes: expected (R, B, K, d, V, r, H)");
+        GradParams<float> p;
+        p.R = sizes[0], p.B = sizes[1], p.K = sizes[2], p.d = sizes[3], p.V = sizes[4], p.r = sizes[5], p.H = sizes[6];
+        return cuda::grad_workspace_size(p);
+      },
+      py::arg("sizes"));
   m.def(
       "correct",
       [](std::vector<int64_t> sizes, uintptr_t hidden, int hidden_dtype, uintptr_t ids, int ids_dtype,

@@ -11,4 +11,6 @@ void select(const SelectParams&) { throw std::runtime_error("dcoco was built wit
 void correct(const CorrectParams&) { throw std::runtime_error("dcoco was built without CUDA"); }
 void cand_table(const CandTableParams&) { throw std::runtime_error("dcoco was built without CUDA"); }
 std::pair<int64_t, int64_t> workspace_sizes(const CorrectParams&) { return {0, 0}; }
+void score_grad(const GradParams<float>&) { throw std::runtime_error("dcoco was built without CUDA"); }
+int64_t grad_workspace_size(const GradParams<float>&) { return 0; }
 }  // namespace dcoco::cuda

@@ -4,13 +4,6 @@
 
 namespace dcoco::cuda {
 
-// sum_k x[k] w[k] over one warp, x of any float dtype from element xo; every lane gets the sum.
-__device__ inline float warp_dot(const void* x, DType t, int64_t xo, const float* w, int64_t n) {
-  float s = 0.f;
-  for (int64_t k = threadIdx.x % 32; k < n; k += 32) s += load_float(x, t, xo + k) * ldg(w + k);
-  for (int off = 16; off; off >>= 1) s += __shfl_xor_sync(0xffffffffu, s, off);
-  return s;
-}
 
 // The vocabulary table: T[v] = W_fuse[:, :r] LN(W_cand E[v]), one warp per vocabulary row; dynamic shared
 // memory holds each warp's (r) row LN(W_cand E[v]).

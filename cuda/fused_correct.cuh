@@ -9,10 +9,6 @@
 #include "sm100_umma.cuh"
 #endif
 
-// Dynamic shared memory (the CPU emulation of the kernel declares a per-block buffer instead).
-#ifndef DCOCO_DYNAMIC_SMEM
-#define DCOCO_DYNAMIC_SMEM(name) extern __shared__ __align__(1024) char name[]
-#endif
 
 namespace dcoco::cuda {
 

@@ -15,6 +15,11 @@
 #pragma once
 #include "dcoco/params.h"
 
+// Dynamic shared memory (the CPU emulation of the kernels declares a per-block buffer instead).
+#ifndef DCOCO_DYNAMIC_SMEM
+#define DCOCO_DYNAMIC_SMEM(name) extern __shared__ __align__(1024) char name[]
+#endif
+
 #ifndef DCOCO_SPIN_PAUSE
 #define DCOCO_SPIN_PAUSE() __nanosleep(64)
 #endif
@@ -86,6 +91,14 @@ __device__ inline float ldg(const float* x) {
 __device__ inline float wdot(const float* w, const float* x, int64_t n) {
   float s = 0.f;
   for (int64_t i = 0; i < n; ++i) s = fmaf(ldg(w + i), x[i], s);
+  return s;
+}
+
+// sum_k x[k] w[k] over one warp, x of any float dtype from element xo; every lane gets the sum.
+__device__ inline float warp_dot(const void* x, DType t, int64_t xo, const float* w, int64_t n) {
+  float s = 0.f;
+  for (int64_t k = threadIdx.x % 32; k < n; k += 32) s += load_float(x, t, xo + k) * ldg(w + k);
+  for (int off = 16; off; off >>= 1) s += __shfl_xor_sync(0xffffffffu, s, off);
   return s;
 }
 

@@ -9,7 +9,8 @@ namespace dcoco::cuda {
 
 // Candidate c's id clamped into [0, V) for memory safety, and its logit, NaN when the id is out of range
 // so that it is never selected (ids are not checked on the host: that would sync).
-__device__ inline int64_t cand_id(const CorrectParams& p, int64_t c) {
+template <class Params>  // CorrectParams or GradParams<float>
+__device__ inline int64_t cand_id(const Params& p, int64_t c) {
   const int64_t id = load_id(p.cand_ids, p.ids_dtype, c);
   return id < 0 || id >= p.V ? 0 : id;
 }

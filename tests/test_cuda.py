@@ -116,3 +116,16 @@ def test_cuda_out_of_range_ids_are_never_selected():
     ranks, tokens = case.corrector(case.hidden, ids, case.cand_logits, case.embed)
     torch.cuda.synchronize()
     assert ((tokens >= 0) & (tokens < 100)).all()
+
+
+@pytest.mark.parametrize("R,d,dtype", [(1, 2048, torch.bfloat16), (4, 4096, torch.bfloat16), (3, 576, torch.float32)])
+def test_cuda_backward_matches_cpu(R, d, dtype):
+    case = make_case(R, 15, 16, d, V=1000, dtype=dtype, seed=R + d)
+    G = torch.randn(R, 14, 16, 16)
+    args = (*case.inputs, *(w.detach() for w in case.corrector.weights()))
+    want = torch.ops.dcoco.score_backward(G, *args)
+    got = torch.ops.dcoco.score_backward(G.cuda(), *(t.cuda() for t in args))
+    for a, b in zip(got, want):
+        torch.testing.assert_close(a.cpu(), b, rtol=1e-4, atol=1e-5 * (b.abs().max().item() + 1e-30))
+    again = torch.ops.dcoco.score_backward(G.cuda(), *(t.cuda() for t in args))
+    assert all(torch.equal(a, b) for a, b in zip(got, again))  # deterministic

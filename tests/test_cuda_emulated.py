@@ -19,35 +19,51 @@ from conftest import assert_walk_matches, make_case
 ROOT = Path(__file__).parents[1]
 
 
-@pytest.fixture(scope="module")
-def runner(tmp_path_factory):
+def build(tmp_path_factory, name: str) -> Path:
     cxx = shutil.which("g++")
     if cxx is None:
-        pytest.skip("needs g++ to build the emulated kernel")
-    exe = tmp_path_factory.mktemp("emu") / "run_correct"
+        pytest.skip("needs g++ to build the emulated kernels")
+    exe = tmp_path_factory.mktemp("emu") / name
     subprocess.run([cxx, "-std=c++20", "-O2", "-pthread", f"-I{ROOT / 'tests/emulate'}", f"-I{ROOT / 'cuda'}",
-                    f"-I{ROOT / 'cpp/include'}", str(ROOT / "tests/emulate/run_correct.cpp"), "-o", str(exe)],
-                   check=True)
+                    f"-I{ROOT / 'cpp/include'}", str(ROOT / f"tests/emulate/{name}.cpp"), "-o", str(exe)], check=True)
     return exe
 
 
-def run_kernel(runner, folder: Path, case, table=None, scores=True, ids=None, sms=0):
-    h, cand_ids, lg, E = case.inputs
-    cand_ids = cand_ids if ids is None else ids
+@pytest.fixture(scope="module")
+def runner(tmp_path_factory):
+    return build(tmp_path_factory, "run_correct")
+
+
+@pytest.fixture(scope="module")
+def grad_runner(tmp_path_factory):
+    return build(tmp_path_factory, "run_grad")
+
+
+raw = lambda t: t.contiguous().view(torch.uint8).numpy().tofile  # noqa: E731
+
+
+def write_inputs(folder: Path, case, ids, *meta) -> None:
+    """The raw inputs and meta.txt (sizes, dtype codes, then meta) the emulated runners read."""
+    h, _, lg, E = case.inputs
     m = case.corrector
-    R, B, K = cand_ids.shape
-    raw = lambda t: t.contiguous().view(torch.uint8).numpy().tofile  # noqa: E731
+    R, B, K = ids.shape
     raw(h)(folder / "hidden.bin")
-    raw(cand_ids)(folder / "ids.bin")
+    raw(ids)(folder / "ids.bin")
     raw(lg)(folder / "logits.bin")
     raw(E)(folder / "embed.bin")
-    raw(table if table is not None else torch.zeros(1))(folder / "table.bin")
     for i, w in enumerate(m.weights()):
         raw(w.detach().float())(folder / f"w{i}.bin")
     codes = _ops._FLOAT_CODES
     (folder / "meta.txt").write_text(" ".join(map(str, [
-        R, B, K, h.shape[2], E.shape[0], m.width, m.mlp_hidden, codes[h.dtype], _ops._ID_CODES[cand_ids.dtype],
-        codes[lg.dtype], codes[E.dtype], int(table is not None), int(scores), sms])))
+        R, B, K, h.shape[2], E.shape[0], m.width, m.mlp_hidden, codes[h.dtype], _ops._ID_CODES[ids.dtype],
+        codes[lg.dtype], codes[E.dtype], *meta])))
+
+
+def run_kernel(runner, folder: Path, case, table=None, scores=True, ids=None, sms=0):
+    cand_ids = case.cand_ids if ids is None else ids
+    R, B, K = cand_ids.shape
+    raw(table if table is not None else torch.zeros(1))(folder / "table.bin")
+    write_inputs(folder, case, cand_ids, int(table is not None), int(scores), sms)
     subprocess.run([str(runner), str(folder)], check=True)
     out = {k: torch.from_numpy(np.fromfile(folder / f"{k}.bin", dtype=np.int64)).view(R, B) for k in ("ranks", "tokens")}
     if scores:
@@ -85,3 +101,20 @@ def test_emulated_kernel_never_selects_out_of_range_ids(runner, tmp_path):
     out = run_kernel(runner, tmp_path, case, scores=True, ids=ids)
     assert ((out["tokens"] >= 0) & (out["tokens"] < 200)).all()
     assert out["scores"][0, 2, :, :4].isnan().all()  # the invalid candidates' scores are NaN, never picked
+
+
+@pytest.mark.parametrize("R,B,K,d,dtype", [(2, 15, 16, 64, torch.float32), (3, 4, 5, 96, torch.bfloat16),
+                                           (1, 2, 1, 40, torch.float16)])
+def test_emulated_backward_matches_the_cpu_backward(grad_runner, tmp_path, R, B, K, d, dtype):
+    """cuda/score_grad.cuh (five kernels, poisoned workspace and outputs) against cpp/cpu/grad.cpp."""
+    case = make_case(R, B, K, d, V=150, dtype=dtype, seed=R + B + d, r=32, H=48)
+    G = torch.randn(R, B - 1, K, K, generator=torch.Generator().manual_seed(2))
+    raw(G)(tmp_path / "grad.bin")
+    write_inputs(tmp_path, case, case.cand_ids)
+    subprocess.run([str(grad_runner), str(tmp_path)], check=True)
+    want = torch.ops.dcoco.score_backward(G, *case.inputs, *case.corrector.weights())
+    names = ["d_hidden", "d_logits", *(f"d_w{i}" for i in range(10))]
+    for name, ref in zip(names, want):
+        got = torch.from_numpy(np.fromfile(tmp_path / f"{name}.bin", dtype=np.float32)).view(ref.shape)
+        scale = ref.abs().max().item() + 1e-30
+        torch.testing.assert_close(got, ref, rtol=1e-4, atol=1e-5 * scale, msg=name)

@@ -32,7 +32,6 @@ BAD = [
     # (name, override builder, exception, message fragment)
     ("hidden rank", lambda c: dict(hidden=c.hidden[0]), ValueError, "hidden: expected 3 dimensions"),
     ("hidden int dtype", lambda c: dict(hidden=c.hidden.long()), TypeError, "hidden: expected float32"),
-    ("hidden float64", lambda c: dict(hidden=c.hidden.double()), TypeError, "hidden: expected float32"),
     ("hidden not a tensor", lambda c: dict(hidden=c.hidden.tolist()), TypeError, "hidden: expected a torch.Tensor"),
     ("float ids", lambda c: dict(cand_ids=c.cand_ids.float()), TypeError, "cand_ids: expected int32 or int64"),
     ("int16 ids", lambda c: dict(cand_ids=c.cand_ids.short()), TypeError, "cand_ids: expected int32 or int64"),
@@ -60,6 +59,12 @@ BAD = [
 def test_bad_input_is_named(case, call, name, build, exc, msg):
     with pytest.raises(exc, match=re.escape(msg)):
         call(case, **build(case))
+
+
+def test_float64_is_the_training_paths_only(case):
+    with pytest.raises(TypeError, match="hidden: expected float32, bfloat16 or float16, got torch.float64"):
+        call_forward(case, hidden=case.hidden.double())
+    assert call_score(case, hidden=case.hidden.double()).dtype == torch.float64  # gradcheck's path
 
 
 def test_more_candidates_than_the_compiled_maximum():

@@ -9,17 +9,12 @@
 #include <vector>
 
 #include "dcoco/api.h"
+#include "common.h"
 #include "dcoco/select.h"
 #include "kernels.h"
 
 namespace dcoco::cpu {
 namespace {
-
-template <class F>
-void parallel_for(int64_t n, F&& f) {
-#pragma omp parallel for schedule(dynamic, 1) if (n > 1)
-  for (int64_t i = 0; i < n; ++i) f(i);
-}
 
 // f(i0, m) over [0,n) in blocks of kLanes rows.
 template <class F>
@@ -83,10 +78,6 @@ void cand_rows(const void* embed, DType et, int64_t d, int64_t r, const float* c
   });
 }
 
-void require(bool ok, const std::string& what) {
-  if (!ok) throw std::invalid_argument(what);
-}
-
 void check_shapes(const CorrectParams& p) {
   require(p.R >= 0 && p.B >= 1 && p.K >= 1 && p.d >= 1 && p.V >= 1 && p.r >= 2 && p.H >= 1,
           "dcoco: bad sizes R=" + std::to_string(p.R) + " B=" + std::to_string(p.B) + " K=" + std::to_string(p.K) +
@@ -98,22 +89,6 @@ void check_shapes(const CorrectParams& p) {
   require(p.scores || (p.ranks && p.tokens), "dcoco: nothing to compute (no scores, no ranks/tokens)");
 }
 
-// cand_ids as int64, each checked against [0, V).
-std::vector<int64_t> checked_ids(const CorrectParams& p) {
-  const int64_t n = p.R * p.B * p.K;
-  std::vector<int64_t> ids(n);
-  for (int64_t i = 0; i < n; ++i) {
-    ids[i] = load_id(p.cand_ids, p.ids_dtype, i);
-    if (ids[i] < 0 || ids[i] >= p.V) {
-      const int64_t rank = i % p.K, slot = (i / p.K) % p.B, req = i / (p.K * p.B);
-      throw std::out_of_range("cand_ids[" + std::to_string(req) + ", " + std::to_string(slot) + ", " +
-                              std::to_string(rank) + "] = " + std::to_string(ids[i]) + " is outside [0, V=" +
-                              std::to_string(p.V) + ")");
-    }
-  }
-  return ids;
-}
-
 }  // namespace
 
 void correct(const CorrectParams& p) {
@@ -122,7 +97,7 @@ void correct(const CorrectParams& p) {
   const int64_t R = p.R, B = p.B, K = p.K, d = p.d, r = p.r, H = p.H, in = 3 * r + 2;
   const int64_t S = R * B, C = S * K, T = R * (B - 1);  // slots, candidates, transitions (pairs)
   const Weights& w = p.w;
-  const std::vector<int64_t> ids = checked_ids(p);
+  const std::vector<int64_t> ids = checked_ids(p.cand_ids, p.ids_dtype, p.R, p.B, p.K, p.V);
   const bool grid = p.scores != nullptr;
   // Workspace: logits (C), hidden as lane blocks (d, kLanes) per 32 slots, per slot g, gf, P, Q (S,r),
   // z (C,r), successor terms (C,H), pair terms (T,H), and predecessor terms (C,H) when the whole grid is

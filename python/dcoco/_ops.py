@@ -1,7 +1,9 @@
 """torch.library ops over the compiled core: argument checks, output allocation, fake impls.
 
 Ops (namespace ``dcoco``):
-  score(hidden, cand_ids, cand_logits, embed, *weights) -> scores (R,B-1,K,K) f32
+  score(hidden, cand_ids, cand_logits, embed, *weights) -> scores (R,B-1,K,K) f32 (f64 for float64 inputs),
+      differentiable in hidden, cand_logits and the weights (backward: score_backward, compiled)
+  score_backward(grad, hidden, cand_ids, cand_logits, embed, *weights) -> (d_hidden, d_logits, *d_weights)
   correct(hidden, cand_ids, cand_logits, embed, *weights, table) -> (ranks, tokens) (R,B) i64
   cand_table(embed, cand_proj, fuse_proj) -> (V,r) f32
   select(scores, first_logits, rule, lam) -> ranks (R,B) i64
@@ -23,7 +25,7 @@ MAX_CANDIDATES: int = _C.MAX_CANDIDATES
 RULES = {"greedy": 0, "global": 1, "geometric": 2}
 WEIGHTS = ("cand_proj", "ctx_proj", "fuse_proj", "fuse_norm_weight", "fuse_norm_bias", "pair_proj",
            "mlp0_weight", "mlp0_bias", "mlp2_weight", "mlp2_bias")
-_FLOAT_CODES = {torch.float32: 0, torch.bfloat16: 1, torch.float16: 2}
+_FLOAT_CODES = {torch.float32: 0, torch.bfloat16: 1, torch.float16: 2, torch.float64: 5}
 _ID_CODES = {torch.int32: 3, torch.int64: 4}
 
 # Tests set this to fill outputs with NaN / -1 before the core writes them, so unwritten elements show.
@@ -32,6 +34,8 @@ POISON = False
 _lib = torch.library.Library("dcoco", "DEF")
 _W_SCHEMA = ", ".join(f"Tensor {n}" for n in WEIGHTS)
 _lib.define(f"score(Tensor hidden, Tensor cand_ids, Tensor cand_logits, Tensor embed, {_W_SCHEMA}) -> Tensor")
+_lib.define(f"score_backward(Tensor grad, Tensor hidden, Tensor cand_ids, Tensor cand_logits, Tensor embed, "
+            f"{_W_SCHEMA}) -> ({', '.join(['Tensor'] * (2 + len(WEIGHTS)))})")
 _lib.define(f"correct(Tensor hidden, Tensor cand_ids, Tensor cand_logits, Tensor embed, {_W_SCHEMA}, "
             "Tensor? table) -> (Tensor, Tensor)")
 _lib.define("cand_table(Tensor embed, Tensor cand_proj, Tensor fuse_proj) -> Tensor")
@@ -45,10 +49,11 @@ def require_tensors(**named) -> None:
             raise TypeError(f"{name}: expected a torch.Tensor, got {type(t).__name__}")
 
 
-def _float_tensor(name: str, t, ndim: int) -> None:
+def _float_tensor(name: str, t, ndim: int, float64: bool = False) -> None:
     require_tensors(**{name: t})
-    if t.dtype not in _FLOAT_CODES:
-        raise TypeError(f"{name}: expected float32, bfloat16 or float16, got {t.dtype}")
+    if t.dtype not in _FLOAT_CODES or (t.dtype == torch.float64 and not float64):
+        more = ", bfloat16, float16 or float64 (CPU)" if float64 else ", bfloat16 or float16"
+        raise TypeError(f"{name}: expected float32{more}, got {t.dtype}")
     if t.dim() != ndim:
         raise ValueError(f"{name}: expected {ndim} dimensions, got shape {tuple(t.shape)}")
 
@@ -68,16 +73,17 @@ def _same_device(named: dict) -> None:
         raise ValueError(f"{next(iter(devices))}: device {first} is not supported (cpu or cuda)")
 
 
-def check_inputs(hidden, cand_ids, cand_logits, embed, weights, table=None) -> tuple[int, ...]:
-    """Validates the corrector's inputs; returns (R, B, K, d, V, r, H). Raises naming the argument."""
-    _float_tensor("hidden", hidden, 3)
+def check_inputs(hidden, cand_ids, cand_logits, embed, weights, table=None, float64=False) -> tuple[int, ...]:
+    """Validates the corrector's inputs; returns (R, B, K, d, V, r, H). Raises naming the argument.
+    float64: also accept float64 tensors (the training path, on the CPU)."""
+    _float_tensor("hidden", hidden, 3, float64)
     require_tensors(cand_ids=cand_ids)
     if cand_ids.dtype not in _ID_CODES:
         raise TypeError(f"cand_ids: expected int32 or int64 token ids, got {cand_ids.dtype}")
     if cand_ids.dim() != 3:
         raise ValueError(f"cand_ids: expected 3 dimensions (R, B, K), got shape {tuple(cand_ids.shape)}")
-    _float_tensor("cand_logits", cand_logits, 3)
-    _float_tensor("embed", embed, 2)
+    _float_tensor("cand_logits", cand_logits, 3, float64)
+    _float_tensor("embed", embed, 2, float64)
     R, B, d = hidden.shape
     K = cand_ids.shape[2]
     V = embed.shape[0]
@@ -95,7 +101,7 @@ def check_inputs(hidden, cand_ids, cand_logits, embed, weights, table=None) -> t
         raise TypeError(f"weights: expected {len(WEIGHTS)} tensors {WEIGHTS}, got {len(weights)}")
     named = dict(zip(WEIGHTS, weights))
     for n, w in named.items():
-        _float_tensor(n, w, 1 if n in ("fuse_norm_weight", "fuse_norm_bias", "mlp0_bias", "mlp2_bias") else 2)
+        _float_tensor(n, w, 1 if n in ("fuse_norm_weight", "fuse_norm_bias", "mlp0_bias", "mlp2_bias") else 2, float64)
     r = named["cand_proj"].shape[0]
     H = named["mlp0_weight"].shape[0]
     if r < 2:
@@ -112,7 +118,16 @@ def check_inputs(hidden, cand_ids, cand_logits, embed, weights, table=None) -> t
         _shape("table", table, (V, r), "= (V, r) from prepare_inference(embed)")
     _same_device({"hidden": hidden, "cand_ids": cand_ids, "cand_logits": cand_logits, "embed": embed,
                   **named, "table": table})
+    if _precision(hidden, cand_logits, embed, weights) == torch.float64 and hidden.device.type == "cuda":
+        raise TypeError("hidden: float64 runs on the CPU only (it exists for gradcheck); use float32, bfloat16 "
+                        "or float16 on CUDA")
     return R, B, K, d, V, r, H
+
+
+def _precision(hidden, cand_logits, embed, weights) -> torch.dtype:
+    """The training path computes in float64 when any float input is float64, else in float32."""
+    wide = any(t.dtype == torch.float64 for t in (hidden, cand_logits, embed, *weights))
+    return torch.float64 if wide else torch.float32
 
 
 def _out(shape, dtype, device) -> torch.Tensor:
@@ -164,18 +179,93 @@ def _run_core(hidden, cand_ids, cand_logits, embed, weights, table, sizes, score
 # --- score -----------------------------------------------------------------------------------------
 
 def _score_impl(hidden, cand_ids, cand_logits, embed, *weights):
-    sizes = check_inputs(hidden, cand_ids, cand_logits, embed, weights)
+    sizes = check_inputs(hidden, cand_ids, cand_logits, embed, weights, float64=True)
     R, B, K = sizes[:3]
-    scores = _out((R, B - 1, K, K), torch.float32, hidden.device)
-    if scores.numel():
+    dt = _precision(hidden, cand_logits, embed, weights)
+    scores = _out((R, B - 1, K, K), dt, hidden.device)
+    if not scores.numel():
+        return scores
+    if dt == torch.float64:
+        _run_grad(hidden, cand_ids, cand_logits, embed, weights, sizes, dt, scores=scores)
+    else:
         _run_core(hidden, cand_ids, cand_logits, embed, weights, None, sizes, scores, None, None)
     return scores
 
 
 @torch.library.register_fake("dcoco::score", lib=_lib)
 def _score_fake(hidden, cand_ids, cand_logits, embed, *weights):
-    R, B, K = check_inputs(hidden, cand_ids, cand_logits, embed, weights)[:3]
-    return hidden.new_empty((R, B - 1, K, K), dtype=torch.float32)
+    R, B, K = check_inputs(hidden, cand_ids, cand_logits, embed, weights, float64=True)[:3]
+    return hidden.new_empty((R, B - 1, K, K), dtype=_precision(hidden, cand_logits, embed, weights))
+
+
+def _run_grad(hidden, cand_ids, cand_logits, embed, weights, sizes, dt, scores=None, grad=None, outs=()) -> None:
+    """The training path: scores (CPU, float64) and/or, given grad, the gradients into outs, in precision dt."""
+    c = lambda t: t.contiguous()  # noqa: E731
+    hidden, cand_ids, cand_logits, embed = c(hidden), c(cand_ids), c(cand_logits), c(embed)
+    ws = [w.to(dt).contiguous() for w in weights]
+    grad = None if grad is None else grad.to(dt).contiguous()
+    ptr = lambda t: 0 if t is None else t.data_ptr()  # noqa: E731
+    args = (list(sizes), hidden.data_ptr(), _FLOAT_CODES[hidden.dtype], cand_ids.data_ptr(), _ID_CODES[cand_ids.dtype],
+            cand_logits.data_ptr(), _FLOAT_CODES[cand_logits.dtype], embed.data_ptr(), _FLOAT_CODES[embed.dtype],
+            [w.data_ptr() for w in ws], ptr(grad), ptr(scores), ptr(outs[0]) if outs else 0,
+            ptr(outs[1]) if outs else 0, [o.data_ptr() for o in outs[2:]], dt == torch.float64)
+    workspace = {}
+    if hidden.device.type == "cuda":
+        _check_cuda("score_backward")
+        work = torch.empty(_C.cuda_grad_workspace_size(list(sizes)), dtype=torch.float32, device=hidden.device)
+        workspace = {"workspace": work.data_ptr()}
+    _launch("score_backward", _C.score_grad, hidden.device, *args, **workspace)
+
+
+# --- score_backward: the compiled backward, and score's autograd ------------------------------------
+
+def _grad_outputs(hidden, cand_logits, weights, dt, empty):
+    return (empty(hidden.shape, dt), empty(cand_logits.shape, dt), *(empty(w.shape, dt) for w in weights))
+
+
+def _score_backward_impl(grad, hidden, cand_ids, cand_logits, embed, *weights):
+    sizes = check_inputs(hidden, cand_ids, cand_logits, embed, weights, float64=True)
+    R, B, K = sizes[:3]
+    _float_tensor("grad", grad, 4, float64=True)
+    _shape("grad", grad, (R, B - 1, K, K), "= the scores' (R, B-1, K, K)")
+    dt = _precision(hidden, cand_logits, embed, weights)
+    outs = _grad_outputs(hidden, cand_logits, weights, dt, lambda s, t: _out(s, t, hidden.device))
+    if grad.numel():
+        _run_grad(hidden, cand_ids, cand_logits, embed, weights, sizes, dt, grad=grad, outs=outs)
+    else:  # no transition (R = 0 or B = 1): nothing depends on the inputs
+        for o in outs:
+            o.zero_()
+    return outs
+
+
+@torch.library.register_fake("dcoco::score_backward", lib=_lib)
+def _score_backward_fake(grad, hidden, cand_ids, cand_logits, embed, *weights):
+    check_inputs(hidden, cand_ids, cand_logits, embed, weights, float64=True)
+    dt = _precision(hidden, cand_logits, embed, weights)
+    return _grad_outputs(hidden, cand_logits, weights, dt, lambda s, t: hidden.new_empty(s, dtype=t))
+
+
+def _score_setup(ctx, inputs, output) -> None:
+    ctx.save_for_backward(*inputs)
+
+
+def _score_backward(ctx, grad):
+    hidden, cand_ids, cand_logits, embed, *weights = ctx.saved_tensors
+    d_hidden, d_logits, *d_weights = torch.ops.dcoco.score_backward(grad, hidden, cand_ids, cand_logits, embed,
+                                                                    *weights)
+    # none for the ids (discrete) or embed (frozen: SPEC.md)
+    return (d_hidden.to(hidden.dtype), None, d_logits.to(cand_logits.dtype), None,
+            *(g.to(w.dtype) for g, w in zip(d_weights, weights)))
+
+
+torch.library.register_autograd("dcoco::score", _score_backward, setup_context=_score_setup, lib=_lib)
+
+
+def _no_double_backward(ctx, *grads):
+    raise NotImplementedError("dcoco.score: double backward (gradients of gradients) is not supported")
+
+
+torch.library.register_autograd("dcoco::score_backward", _no_double_backward, lib=_lib)
 
 
 # --- correct ---------------------------------------------------------------------------------------
@@ -272,6 +362,7 @@ def _select_fake(scores, first_logits, rule, lam):
 
 for _key in ("CPU", "CUDA"):
     _lib.impl("score", _score_impl, _key)
+    _lib.impl("score_backward", _score_backward_impl, _key)
     _lib.impl("correct", _correct_impl, _key)
     _lib.impl("cand_table", _cand_table_impl, _key)
     _lib.impl("select", _select_impl, _key)

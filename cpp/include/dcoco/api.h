@@ -13,6 +13,8 @@ namespace cpu {
 void correct(const CorrectParams& p);
 void cand_table(const CandTableParams& p);
 void select(const SelectParams& p);
+void score_grad(const GradParams<float>& p);
+void score_grad(const GradParams<double>& p);
 }  // namespace cpu
 
 namespace cuda {
@@ -23,6 +25,8 @@ void select(const SelectParams& p);
 void correct(const CorrectParams& p);  // one launch for the whole batch
 void cand_table(const CandTableParams& p);
 std::pair<int64_t, int64_t> workspace_sizes(const CorrectParams& p);  // (workspace floats, counter ints)
+void score_grad(const GradParams<float>& p);            // a few launches, no host sync
+int64_t grad_workspace_size(const GradParams<float>& p);  // floats
 // (device count, message); never throws, also without a driver.
 std::pair<int, std::string> status();
 }  // namespace cuda

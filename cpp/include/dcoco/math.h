@@ -8,7 +8,7 @@
 #if defined(__CUDACC__)
 #define DCOCO_HD __host__ __device__ __forceinline__
 #else
-#define DCOCO_HD inline
+#define DCOCO_HD inline __attribute__((always_inline))
 #endif
 
 // Host loops may sum in SIMD lanes (a different but equally exact-to-tolerance order than one thread).
@@ -23,15 +23,21 @@ namespace dcoco {
 constexpr float kLayerNormEps = 1e-5f;
 constexpr int kMaxCandidates = 64;  // compiled maximum K (walk scratch lives in registers/smem)
 
-enum class DType : int32_t { f32 = 0, bf16 = 1, f16 = 2, i32 = 3, i64 = 4 };
+enum class DType : int32_t { f32 = 0, bf16 = 1, f16 = 2, i32 = 3, i64 = 4, f64 = 5 };
+
+// Keeps T out of template argument deduction (nullptr arguments then convert to const T*).
+template <class T>
+struct same_as_ {
+  using type = T;
+};
+template <class T>
+using same_t = typename same_as_<T>::type;
 
 DCOCO_HD float bits_to_float(uint32_t u) {
 #if defined(__CUDA_ARCH__)
   return __uint_as_float(u);
 #else
-  float f;
-  std::memcpy(&f, &u, sizeof f);
-  return f;
+  return __builtin_bit_cast(float, u);  // unlike memcpy, keeps host loops vectorisable
 #endif
 }
 
@@ -58,6 +64,12 @@ DCOCO_HD float load_float(const void* p, DType t, int64_t i) {
   }
 }
 
+// Element i of a float array of any supported float dtype, as T (float64 is the training path's only).
+template <class T>
+DCOCO_HD T load_as(const void* p, DType t, int64_t i) {
+  return t == DType::f64 ? T(static_cast<const double*>(p)[i]) : T(load_float(p, t, i));
+}
+
 // Element i of an id array (int32 or int64).
 DCOCO_HD int64_t load_id(const void* p, DType t, int64_t i) {
   return t == DType::i32 ? int64_t(static_cast<const int32_t*>(p)[i]) : static_cast<const int64_t*>(p)[i];
@@ -76,24 +88,64 @@ DCOCO_HD float erf_rational(float x) {
   return x > 3.92f ? 1.0f : (x < -3.92f ? -1.0f : e);
 }
 
-// GELU, the erf form (nn.GELU() default, not the tanh approximation).
-DCOCO_HD float gelu(float x) { return 0.5f * x * (1.0f + erf_rational(x * 0.70710678118654752440f)); }
+// Overloads per precision (unqualified host math would promote float to double).
+DCOCO_HD float erf_of(float x) { return erf_rational(x); }
+DCOCO_HD double erf_of(double x) { return erf(x); }  // float64 (gradcheck) keeps libm's erf
+// exp(x) for x <= 0, branch-free so host loops vectorise it: x = n ln2 + t, |t| <= ln2/2, exp(t) by its
+// degree-6 Taylor polynomial (relative error < 2e-7); below -87 (where exp(x) < 2^-125) it returns
+// exp(-87).
+DCOCO_HD float exp_nonpos(float x) {
+  x = x < -87.f ? -87.f : x;
+  const int n = int(nearbyintf(x * 1.44269504f));  // round(x / ln2)
+  const float t = (x - float(n) * 0.693359375f) - float(n) * -2.12194440e-4f;
+  const float p = 1.f + t * (1.f + t * (0.5f + t * (1.6666667e-1f + t * (4.1666668e-2f + t * (8.3333338e-3f + t * 1.3888889e-3f)))));
+  return p * bits_to_float(uint32_t(n + 127) << 23);
+}
+DCOCO_HD double exp_nonpos(double x) { return exp(x); }
+DCOCO_HD float sqrt_of(float x) { return sqrtf(x); }
+DCOCO_HD double sqrt_of(double x) { return sqrt(x); }
 
-// LayerNorm of one row in place, biased variance, eps 1e-5; gamma/beta may be null (no affine).
-// Two passes (mean, then centred variance) to stay accurate for rows with a large mean.
-DCOCO_HD void layer_norm(float* x, int n, const float* gamma, const float* beta) {
-  float sum = 0.f;
+// GELU, the erf form (nn.GELU() default, not the tanh approximation), and its derivative
+//   gelu'(x) = Phi(x) + x phi(x).
+template <class T>
+DCOCO_HD T gelu(T x) {
+  return T(0.5) * x * (T(1) + erf_of(x * T(0.70710678118654752440)));
+}
+
+template <class T>
+DCOCO_HD T gelu_grad(T x) {
+  return T(0.5) * (T(1) + erf_of(x * T(0.70710678118654752440))) +
+         x * T(0.39894228040143267794) * exp_nonpos(T(-0.5) * x * x);
+}
+
+// LayerNorm of one row in place, biased variance, eps 1e-5; gamma/beta may be null (no affine). Returns
+// 1/sigma, which the backward needs. Two passes (mean, then centred variance) to stay accurate for rows
+// with a large mean.
+template <class T>
+DCOCO_HD T layer_norm(T* x, int n, const same_t<T>* gamma, const same_t<T>* beta) {
+  T sum = 0;
   DCOCO_SIMD_SUM
   for (int i = 0; i < n; ++i) sum += x[i];
-  const float mean = sum / float(n);
-  sum = 0.f;
+  const T mean = sum / T(n);
+  sum = 0;
   DCOCO_SIMD_SUM
   for (int i = 0; i < n; ++i) sum += (x[i] - mean) * (x[i] - mean);
-  const float inv = 1.0f / sqrtf(sum / float(n) + kLayerNormEps);
+  const T inv = T(1) / sqrt_of(sum / T(n) + T(kLayerNormEps));
   for (int i = 0; i < n; ++i) {
-    const float y = (x[i] - mean) * inv;
+    const T y = (x[i] - mean) * inv;
     x[i] = gamma ? y * gamma[i] + beta[i] : y;
   }
+  return inv;
+}
+
+// The gradient through y = LN(x) (no affine) given y, 1/sigma and dL/dy:
+//   dL/dx = (dy - mean(dy) - y mean(dy y)) / sigma.
+template <class T>
+DCOCO_HD void layer_norm_grad(const T* y, T inv, const T* dy, T* dx, int n) {
+  T a = 0, b = 0;
+  for (int i = 0; i < n; ++i) a += dy[i], b += dy[i] * y[i];
+  a /= T(n), b /= T(n);
+  for (int i = 0; i < n; ++i) dx[i] = inv * (dy[i] - a - y[i] * b);
 }
 
 // S_p(a,b) from the rank-split first MLP layer (SPEC.md, "An exact rewrite"):
@@ -110,6 +162,15 @@ DCOCO_HD float transition_terms(const float* u, const float* a, const float* b, 
 DCOCO_HD float transition_score(const float* u, const float* a, const float* b, const float* w2, int H,
                                 float b2, float l_next) {
   return l_next + (transition_terms(u, a, b, w2, 0, H) + b2);
+}
+
+// The backward of one MLP unit j of S(a,b): with x = u_j + a_j + b_j and g = dL/dS(a,b), adds g gelu(x) to
+// dL/dw2_j and returns dL/dx = g w2_j gelu'(x) (shared by u_j, pred_a and succ_b).
+template <class T>
+DCOCO_HD T transition_unit_grad(T u, T a, T b, T w2, T g, T* dw2) {
+  const T x = u + a + b;
+  *dw2 += g * gelu(x);
+  return g * w2 * gelu_grad(x);
 }
 
 // Selection order: a larger value wins, NaN loses to every number, ties keep the lower rank

@@ -7,19 +7,21 @@
 
 namespace dcoco {
 
-// Corrector weights in nn.Linear layout (out,in), float32.
-struct Weights {
-  const float* cand_proj = nullptr;  // (r,d)    W_cand
-  const float* ctx_proj = nullptr;   // (r,d)    W_ctx
-  const float* fuse_proj = nullptr;  // (r,2r)   W_fuse, input [b ; g]
-  const float* fuse_gamma = nullptr; // (r)
-  const float* fuse_beta = nullptr;  // (r)
-  const float* pair_proj = nullptr;  // (r,2d)   W_pair, input [h_p ; h_{p+1}]
-  const float* w1 = nullptr;         // (H,3r+2) input [s ; z_a ; z_b ; l_a ; l_b]
-  const float* b1 = nullptr;         // (H)
-  const float* w2 = nullptr;         // (H)
-  const float* b2 = nullptr;         // (1)
+// Corrector weights in nn.Linear layout (out,in); float32 for inference, T for training.
+template <class T>
+struct WeightsOf {
+  const T* cand_proj = nullptr;  // (r,d)    W_cand
+  const T* ctx_proj = nullptr;   // (r,d)    W_ctx
+  const T* fuse_proj = nullptr;  // (r,2r)   W_fuse, input [b ; g]
+  const T* fuse_gamma = nullptr; // (r)
+  const T* fuse_beta = nullptr;  // (r)
+  const T* pair_proj = nullptr;  // (r,2d)   W_pair, input [h_p ; h_{p+1}]
+  const T* w1 = nullptr;         // (H,3r+2) input [s ; z_a ; z_b ; l_a ; l_b]
+  const T* b1 = nullptr;         // (H)
+  const T* w2 = nullptr;         // (H)
+  const T* b2 = nullptr;         // (1)
 };
+using Weights = WeightsOf<float>;
 
 // Score and/or walk one batch of drafted blocks.
 struct CorrectParams {
@@ -43,6 +45,32 @@ struct CorrectParams {
   // allocations, and the stream to launch on.
   float* workspace = nullptr;
   int32_t* counters = nullptr;
+  void* stream = nullptr;
+};
+
+// Training: the score grid recomputed with its intermediates and, given dL/dscores, the gradients of
+// hidden, cand_logits and every weight (none for embed, frozen, or the ids). T = float, or double for
+// gradcheck. Gradient outputs are overwritten, in T, shaped like their inputs.
+template <class T>
+struct GradParams {
+  int64_t R = 0, B = 0, K = 0, d = 0, V = 0, r = 0, H = 0;
+  const void* hidden = nullptr;       // (R,B,d)  f32 | bf16 | f16 | f64
+  DType hidden_dtype = DType::f32;
+  const void* cand_ids = nullptr;     // (R,B,K)  i32 | i64
+  DType ids_dtype = DType::i64;
+  const void* cand_logits = nullptr;  // (R,B,K)
+  DType logits_dtype = DType::f32;
+  const void* embed = nullptr;        // (V,d)
+  DType embed_dtype = DType::f32;
+  WeightsOf<T> w;
+  const T* grad = nullptr;   // (R,B-1,K,K) dL/dscores; null: no gradients
+  T* scores = nullptr;       // (R,B-1,K,K) out, optional
+  T* d_hidden = nullptr;     // (R,B,d) out, with grad
+  T* d_logits = nullptr;     // (R,B,K) out, with grad
+  T* d_w[10] = {};           // out, with grad: the weights in WeightsOf order
+  // CUDA only (float): a float workspace of cuda::grad_workspace_size(*this), a torch allocation, and the
+  // stream to launch on.
+  T* workspace = nullptr;
   void* stream = nullptr;
 };
 

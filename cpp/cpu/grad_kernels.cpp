@@ -1,0 +1,175 @@
+#include "grad_kernels.h"
+
+#include <cstring>
+
+#include "dcoco/math.h"
+
+#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
+#define DCOCO_ISA_CLONES __attribute__((target_clones("avx512f", "avx2", "default")))
+#else
+#define DCOCO_ISA_CLONES
+#endif
+#define DCOCO_INLINE __attribute__((always_inline)) inline
+// Vector-extension values never cross a call boundary here (everything inlines), so the ABI note is moot.
+#pragma GCC diagnostic ignored "-Wpsabi"
+
+namespace dcoco::cpu {
+namespace {
+
+// A 64-byte vector of T (GCC vector extension: the register tiles below stay in registers; the compiler
+// lowers them per ISA clone).
+template <class T>
+struct Vec {
+  typedef T type __attribute__((vector_size(64)));
+  static constexpr int64_t lanes = 64 / sizeof(T);
+  DCOCO_INLINE static type load(const T* p) {
+    type v;
+    std::memcpy(&v, p, sizeof v);
+    return v;
+  }
+};
+
+// sum of a vector's lanes in lane order (deterministic)
+template <class T>
+DCOCO_INLINE T lane_sum(typename Vec<T>::type v) {
+  T s = 0;
+  for (int64_t i = 0; i < Vec<T>::lanes; ++i) s += v[i];
+  return s;
+}
+
+// (4 rows of X) x (4 rows of W): 16 dot products over Kd, each a vector of partial sums plus a scalar
+// tail; added to Y or stored.
+template <class T>
+DCOCO_INLINE void nt_tile(int64_t Kd, const T* X, int64_t ldx, const T* W, int64_t ldw, T* Y, int64_t ldy, bool add) {
+  using V = typename Vec<T>::type;
+  constexpr int64_t L = Vec<T>::lanes;
+  V acc[4][4] = {};
+  int64_t k = 0;
+  for (; k + L <= Kd; k += L) {
+    V x[4], w[4];
+    for (int i = 0; i < 4; ++i) x[i] = Vec<T>::load(X + i * ldx + k), w[i] = Vec<T>::load(W + i * ldw + k);
+    for (int i = 0; i < 4; ++i)
+      for (int j = 0; j < 4; ++j) acc[i][j] += x[i] * w[j];
+  }
+  for (int i = 0; i < 4; ++i)
+    for (int j = 0; j < 4; ++j) {
+      T s = lane_sum<T>(acc[i][j]);
+      for (int64_t t = k; t < Kd; ++t) s += X[i * ldx + t] * W[j * ldw + t];
+      Y[i * ldy + j] = add ? Y[i * ldy + j] + s : s;
+    }
+}
+
+// Kd is taken in slices of kDepth so that a slice of W (N, kDepth) stays in L2 while every row of X passes.
+constexpr int64_t kDepth = 256;
+
+template <class T>
+DCOCO_INLINE void nt_body(int64_t M, int64_t N, int64_t Kd, const T* X, int64_t ldx, const T* W, int64_t ldw, T* Y,
+                          int64_t ldy) {
+  const int64_t M4 = M / 4 * 4, N4 = N / 4 * 4;
+  for (int64_t k0 = 0; k0 < Kd; k0 += kDepth) {
+    const int64_t kd = Kd - k0 < kDepth ? Kd - k0 : kDepth;
+    for (int64_t m = 0; m < M4; m += 4)
+      for (int64_t n = 0; n < N4; n += 4)
+        nt_tile(kd, X + m * ldx + k0, ldx, W + n * ldw + k0, ldw, Y + m * ldy + n, ldy, k0 > 0);
+  }
+  for (int64_t m = 0; m < M; ++m)  // the edges
+    for (int64_t n = m < M4 ? N4 : 0; n < N; ++n) {
+      const T *x = X + m * ldx, *w = W + n * ldw;
+      T s = 0;
+#pragma omp simd reduction(+ : s)
+      for (int64_t k = 0; k < Kd; ++k) s += x[k] * w[k];
+      Y[m * ldy + n] = s;
+    }
+}
+
+template <class T>
+DCOCO_INLINE void nn_body(int64_t M, int64_t N, int64_t Kd, const T* X, int64_t ldx, const T* W, int64_t ldw, T* Y,
+                          int64_t ldy) {
+  for (int64_t m = 0; m < M; ++m) {
+    T* y = Y + m * ldy;
+    for (int64_t k = 0; k < Kd; ++k) {
+      const T a = X[m * ldx + k];
+      const T* w = W + k * ldw;
+#pragma omp simd
+      for (int64_t n = 0; n < N; ++n) y[n] += a * w[n];
+    }
+  }
+}
+
+// Four rows of G times kTile columns accumulate in registers over all M rows; G is updated once.
+constexpr int64_t kTile = 64;
+
+template <class T>
+DCOCO_INLINE void tn_tile(int64_t M, const T* D, int64_t ldd, const T* X, int64_t ldx, T* G, int64_t ldg) {
+  using V = typename Vec<T>::type;
+  constexpr int64_t J = kTile / Vec<T>::lanes;
+  V acc[4][J] = {};
+  for (int64_t m = 0; m < M; ++m) {
+    V x[J];
+    for (int j = 0; j < J; ++j) x[j] = Vec<T>::load(X + m * ldx + j * Vec<T>::lanes);
+    for (int i = 0; i < 4; ++i) {
+      const T a = D[m * ldd + i];
+      for (int j = 0; j < J; ++j) acc[i][j] += a * x[j];
+    }
+  }
+  for (int i = 0; i < 4; ++i)
+    for (int j = 0; j < J; ++j)
+      for (int64_t t = 0; t < Vec<T>::lanes; ++t) G[i * ldg + j * Vec<T>::lanes + t] += acc[i][j][t];
+}
+
+template <class T>
+DCOCO_INLINE void tn_body(int64_t M, int64_t N, const T* D, int64_t ldd, const T* X, int64_t ldx, T* G, int64_t ldg,
+                          int64_t w) {
+  const int64_t N4 = w == kTile ? N / 4 * 4 : 0;
+  for (int64_t n = 0; n < N4; n += 4) tn_tile(M, D + n, ldd, X, ldx, G + n * ldg, ldg);
+  for (int64_t n = N4; n < N; ++n)  // the edges
+    for (int64_t m = 0; m < M; ++m) {
+      const T a = D[m * ldd + n];
+#pragma omp simd
+      for (int64_t k = 0; k < w; ++k) G[n * ldg + k] += a * X[m * ldx + k];
+    }
+}
+
+template <class T>
+DCOCO_INLINE void transition_body(const Transition<T>& t) {
+  const int64_t K = t.K, H = t.H;
+  for (int64_t a = 0; a < K; ++a)
+    for (int64_t b = 0; b < K; ++b) {
+      const T *u = t.u, *pa = t.pred + a * H, *sb = t.succ + b * H, *w2 = t.w2;
+      if (t.scores) {
+        T sum = 0;
+#pragma omp simd reduction(+ : sum)
+        for (int64_t j = 0; j < H; ++j) sum += w2[j] * gelu(u[j] + pa[j] + sb[j]);
+        t.scores[a * K + b] = t.l_next[b] + (sum + t.b2);
+      }
+      if (!t.G) continue;
+      const T g = t.G[a * K + b];
+      T *du = t.du, *da = t.dpred + a * H, *db = t.dsucc + b * H, *dw2 = t.dw2;
+#pragma omp simd
+      for (int64_t j = 0; j < H; ++j) {
+        const T dx = transition_unit_grad(u[j], pa[j], sb[j], w2[j], g, dw2 + j);
+        du[j] += dx, da[j] += dx, db[j] += dx;
+      }
+    }
+}
+
+}  // namespace
+
+#define DCOCO_GRAD_KERNELS(T)                                                                                      \
+  DCOCO_ISA_CLONES void nt(int64_t M, int64_t N, int64_t Kd, const T* X, int64_t ldx, const T* W, int64_t ldw, T* Y, \
+                           int64_t ldy) {                                                                           \
+    nt_body(M, N, Kd, X, ldx, W, ldw, Y, ldy);                                                                      \
+  }                                                                                                                 \
+  DCOCO_ISA_CLONES void nn(int64_t M, int64_t N, int64_t Kd, const T* X, int64_t ldx, const T* W, int64_t ldw, T* Y, \
+                           int64_t ldy) {                                                                           \
+    nn_body(M, N, Kd, X, ldx, W, ldw, Y, ldy);                                                                      \
+  }                                                                                                                 \
+  DCOCO_ISA_CLONES void tn(int64_t M, int64_t N, const T* D, int64_t ldd, const T* X, int64_t ldx, T* G, int64_t ldg, \
+                           int64_t w) {                                                                             \
+    tn_body(M, N, D, ldd, X, ldx, G, ldg, w);                                                                       \
+  }                                                                                                                 \
+  DCOCO_ISA_CLONES void transition(const Transition<T>& t) { transition_body(t); }
+DCOCO_GRAD_KERNELS(float)
+DCOCO_GRAD_KERNELS(double)
+
+}  // namespace dcoco::cpu
