@@ -1,8 +1,10 @@
 """dcoco: the DCOCO contextual corrector for parallel (DFlash) speculative drafts.
 
 See SPEC.md of the project for the math. Public API:
-  Corrector         the nn.Module (score, forward, prepare_inference)
+  Corrector         the nn.Module (score, forward, prepare_inference); score has a compiled backward
   select            path selection on a score grid (greedy, global, geometric)
+  correction_loss   the paper's L_corr (eq. 9) on a score grid
+  DFlashDrafter     the DFlash drafter (DFlashConfig, dflash_loss), z-lab checkpoint layout
   cuda_available()  whether the compiled CUDA path can run here
 """
 
@@ -11,10 +13,13 @@ import torch  # noqa: F401  (first: the core shares torch's OpenMP runtime)
 from . import _C
 from ._ops import MAX_CANDIDATES
 from .corrector import Corrector
+from .dflash import DFlashConfig, DFlashDrafter, dflash_loss
+from .loss import correction_loss
 from .select import select
 
 __version__ = "0.1.0"
-__all__ = ["Corrector", "select", "cuda_available", "build_info", "MAX_CANDIDATES"]
+__all__ = ["Corrector", "select", "correction_loss", "DFlashConfig", "DFlashDrafter", "dflash_loss",
+           "cuda_available", "build_info", "MAX_CANDIDATES"]
 
 
 def cuda_available() -> bool:

@@ -1,0 +1,65 @@
+"""The correction loss L_corr of SPEC.md (eq. 9): one weighted K x K cross-entropy per adjacent slot pair."""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+
+
+def _tensor(name: str, t, ndim: int, kind: str) -> torch.Tensor:
+    """Type/rank check naming the argument; kind is 'float', 'int' or 'bool'."""
+    if not isinstance(t, torch.Tensor):
+        raise TypeError(f"{name}: expected a torch.Tensor, got {type(t).__name__}")
+    ok = {"float": t.is_floating_point(), "bool": t.dtype == torch.bool,
+          "int": not t.is_floating_point() and not t.is_complex() and t.dtype != torch.bool}[kind]
+    if not ok:
+        raise TypeError(f"{name}: expected a {kind} tensor, got {t.dtype}")
+    if t.dim() != ndim:
+        raise ValueError(f"{name}: expected {ndim} dimensions, got shape {tuple(t.shape)}")
+    return t
+
+
+def correction_loss(scores: torch.Tensor, cand_ids: torch.Tensor, target_ids: torch.Tensor, valid: torch.Tensor,
+                    rho: float = 4.0) -> torch.Tensor:
+    """L_corr = -(1/Z) sum_{r,p} w_p m_p log softmax_{(a,b) in KxK}(S_p)[a*_p, b*_p], a scalar.
+
+    scores (R,B-1,K,K): scores[r,p-1,a,b] = S_p(a,b), the transition from slot p to p+1 (p = 1..B-1).
+    cand_ids (R,B,K): top-K candidate ids per drafted slot, rank order.
+    target_ids (R,B): the verifier's argmax token at every drafted slot.
+    valid (R,B) bool: the alignment mask (inside the sequence, not padding).
+    Label rank of a slot = index of the first match of target_ids in cand_ids. m_p = 1 iff slots p and p+1
+    are both valid and both labels are found; w_p = exp(-(p-1)/rho); Z = max(1, sum_{r,p} w_p m_p) over the
+    whole batch (one weighted mean, not a mean of per-block means). With no supervised transition the loss
+    is 0 with zero gradient. Computed in float32 at least (float64 stays float64); differentiable in scores.
+    """
+    _tensor("scores", scores, 4, "float")
+    _tensor("cand_ids", cand_ids, 3, "int")
+    _tensor("target_ids", target_ids, 2, "int")
+    _tensor("valid", valid, 2, "bool")
+    R, T, K, K2 = scores.shape
+    if K != K2 or K < 1 or T < 1:
+        raise ValueError(f"scores: expected (R,B-1,K,K) with B >= 2, K >= 1, got {tuple(scores.shape)}")
+    if cand_ids.shape != (R, T + 1, K):
+        raise ValueError(f"cand_ids: expected shape {(R, T + 1, K)} to match scores, got {tuple(cand_ids.shape)}")
+    for name, t in (("target_ids", target_ids), ("valid", valid)):
+        if t.shape != (R, T + 1):
+            raise ValueError(f"{name}: expected shape {(R, T + 1)} to match scores, got {tuple(t.shape)}")
+    for name, t in (("cand_ids", cand_ids), ("target_ids", target_ids), ("valid", valid)):
+        if t.device != scores.device:
+            raise ValueError(f"{name}: on {t.device}, scores on {scores.device}")
+    if isinstance(rho, bool) or not isinstance(rho, (int, float)) or not math.isfinite(rho) or rho <= 0:
+        raise ValueError(f"rho: expected a finite number > 0, got {rho!r}")
+
+    match = cand_ids == target_ids[..., None].to(cand_ids.dtype)           # (R,B,K)
+    rank = match.int().argmax(-1)                                          # first match; 0 when absent
+    ok = match.any(-1) & valid                                             # (R,B)
+    m = ok[:, :-1] & ok[:, 1:]                                             # (R,B-1)
+    w = torch.exp(-torch.arange(T, device=scores.device, dtype=torch.float64) / rho)
+    wm = (w * m).to(torch.promote_types(scores.dtype, torch.float32))     # (R,B-1)
+
+    logp = F.log_softmax(scores.to(wm.dtype).reshape(R, T, K * K), -1)
+    picked = logp.gather(-1, (rank[:, :-1] * K + rank[:, 1:])[..., None]).squeeze(-1)
+    picked = torch.where(m, picked, torch.zeros_like(picked))             # a dropped -inf must not give NaN
+    return -(wm * picked).sum() / wm.sum().clamp_min(1.0)

@@ -1,0 +1,139 @@
+"""correction_loss (SPEC.md eq. 9): hand-computed values, weights and Z, label dropping, gradients."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from dcoco.loss import correction_loss
+
+
+def lse(*xs: float) -> float:
+    return math.log(sum(math.exp(x) for x in xs))
+
+
+def test_one_transition_by_hand():
+    # K=2, B=2: one transition; labels at ranks a*=1 (token 7), b*=0 (token 5)
+    scores = torch.tensor([[[[0.0, 1.0], [2.0, 0.5]]]])
+    cand = torch.tensor([[[3, 7], [5, 9]]])
+    target = torch.tensor([[7, 5]])
+    valid = torch.ones(1, 2, dtype=torch.bool)
+    expected = -(2.0 - lse(0.0, 1.0, 2.0, 0.5))  # w_1 = 1, Z = max(1, 1) = 1
+    assert correction_loss(scores, cand, target, valid).item() == pytest.approx(expected, rel=1e-6)
+
+
+def test_weights_and_z_over_the_batch():
+    # two rows, B=3, K=2: four supervised transitions with weights w_1, w_2
+    s = torch.tensor([[[[1.0, 0.0], [0.0, 0.0]], [[0.0, 0.0], [0.0, 3.0]]],
+                      [[[0.0, 2.0], [0.0, 0.0]], [[0.0, 0.0], [1.0, 0.0]]]])     # (2,2,2,2)
+    cand = torch.tensor([[[0, 1], [0, 1], [0, 1]], [[0, 1], [0, 1], [0, 1]]])
+    target = torch.tensor([[0, 0, 1], [0, 1, 0]])
+    valid = torch.ones(2, 3, dtype=torch.bool)
+    rho = 2.0
+    w1, w2 = 1.0, math.exp(-1 / rho)
+    l00 = 1.0 - lse(1, 0, 0, 0)     # row 0, p=1: (a,b) = (0,0)
+    l01 = 0.0 - lse(0, 0, 0, 3)     # row 0, p=2: (0,1)
+    l10 = 2.0 - lse(0, 2, 0, 0)     # row 1, p=1: (0,1)
+    l11 = 1.0 - lse(0, 0, 1, 0)     # row 1, p=2: (1,0)
+    Z = 2 * (w1 + w2)               # > 1: one weighted mean over all four transitions
+    expected = -(w1 * l00 + w2 * l01 + w1 * l10 + w2 * l11) / Z
+    assert correction_loss(s, cand, target, valid, rho=rho).item() == pytest.approx(expected, rel=1e-6)
+    # not a mean of per-block means: drop row 1's second transition (target outside the top-K)
+    target2 = target.clone()
+    target2[1, 2] = 9
+    expected2 = -(w1 * l00 + w2 * l01 + w1 * l10) / (2 * w1 + w2)
+    assert correction_loss(s, cand, target2, valid, rho=rho).item() == pytest.approx(expected2, rel=1e-6)
+
+
+def test_z_clamped_at_one():
+    # only the last transition of B=4 supervised: w_3 = exp(-2/4) < 1, so Z = 1 and L = -w_3 * logp
+    g = torch.Generator().manual_seed(0)
+    scores = torch.randn(1, 3, 2, 2, generator=g)
+    cand = torch.tensor([[[0, 1]] * 4])
+    target = torch.tensor([[5, 5, 1, 0]])     # slots 1,2 not in the top-K: p = 1, 2 dropped
+    valid = torch.ones(1, 4, dtype=torch.bool)
+    logp = torch.log_softmax(scores[0, 2].reshape(-1), 0)[1 * 2 + 0]
+    expected = -math.exp(-2 / 4) * logp.item()
+    assert correction_loss(scores, cand, target, valid).item() == pytest.approx(expected, rel=1e-6)
+
+
+def test_first_match_is_the_label():
+    scores = torch.tensor([[[[0.0, 1.0], [2.0, 3.0]]]])
+    cand = torch.tensor([[[4, 4], [6, 6]]])   # duplicates: the first match (rank 0) counts
+    target = torch.tensor([[4, 6]])
+    valid = torch.ones(1, 2, dtype=torch.bool)
+    expected = -(0.0 - lse(0, 1, 2, 3))
+    assert correction_loss(scores, cand, target, valid).item() == pytest.approx(expected, rel=1e-6)
+
+
+def test_invalid_slots_dropped():
+    g = torch.Generator().manual_seed(1)
+    scores = torch.randn(1, 3, 3, 3, generator=g)
+    cand = torch.arange(12).view(1, 4, 3)
+    target = cand[:, :, 0].clone()
+    valid = torch.tensor([[True, True, False, True]])   # only p=1 (slots 1,2) survives
+    expected = -torch.log_softmax(scores[0, 0].reshape(-1), 0)[0].item()
+    assert correction_loss(scores, cand, target, valid).item() == pytest.approx(expected, rel=1e-6)
+
+
+def test_no_supervised_transition():
+    scores = torch.randn(2, 3, 4, 4, requires_grad=True)
+    cand = torch.arange(32).view(2, 4, 4)
+    target = torch.full((2, 4), 99)   # never in the top-K
+    valid = torch.ones(2, 4, dtype=torch.bool)
+    loss = correction_loss(scores, cand, target, valid)
+    assert loss.item() == 0.0 and torch.isfinite(loss)
+    loss.backward()
+    assert torch.equal(scores.grad, torch.zeros_like(scores))
+    # all valid=False too
+    assert correction_loss(scores, cand, cand[:, :, 0], torch.zeros(2, 4, dtype=torch.bool)).item() == 0.0
+
+
+def test_dropped_minus_inf_stays_finite():
+    scores = torch.zeros(1, 2, 2, 2)
+    scores[0, 1] = float("-inf")   # a fully masked grid at a dropped transition
+    cand = torch.tensor([[[0, 1]] * 3])
+    target = torch.tensor([[0, 1, 7]])
+    loss = correction_loss(scores, cand, target, torch.ones(1, 3, dtype=torch.bool))
+    assert loss.item() == pytest.approx(math.log(4), rel=1e-6)
+
+
+def test_gradcheck_float64():
+    g = torch.Generator().manual_seed(2)
+    R, B, K = 2, 4, 3
+    scores = torch.randn(R, B - 1, K, K, generator=g, dtype=torch.float64, requires_grad=True)
+    cand = torch.stack([torch.randperm(10, generator=g)[:K] for _ in range(R * B)]).view(R, B, K)
+    target = cand[:, :, 1].clone()
+    target[0, 2] = 99
+    valid = torch.tensor([[True] * 4, [True, True, True, False]])
+    assert torch.autograd.gradcheck(lambda s: correction_loss(s, cand, target, valid, rho=3.0), (scores,))
+
+
+def test_dtype_promotion():
+    scores = torch.randn(1, 1, 2, 2)
+    args = (torch.tensor([[[0, 1], [0, 1]]]), torch.tensor([[0, 1]]), torch.ones(1, 2, dtype=torch.bool))
+    assert correction_loss(scores.bfloat16(), *args).dtype == torch.float32
+    assert correction_loss(scores.double(), *args).dtype == torch.float64
+
+
+@pytest.mark.parametrize("kwargs, exc, name", [
+    (dict(scores=torch.zeros(1, 1, 2, 2, dtype=torch.long)), TypeError, "scores"),
+    (dict(scores=torch.zeros(1, 2, 2)), ValueError, "scores"),
+    (dict(scores=torch.zeros(1, 1, 2, 3)), ValueError, "scores"),
+    (dict(cand_ids=torch.zeros(1, 2, 2)), TypeError, "cand_ids"),
+    (dict(cand_ids=torch.zeros(1, 3, 2, dtype=torch.long)), ValueError, "cand_ids"),
+    (dict(target_ids=torch.zeros(1, 3, dtype=torch.long)), ValueError, "target_ids"),
+    (dict(target_ids=[[0, 1]]), TypeError, "target_ids"),
+    (dict(valid=torch.ones(1, 2)), TypeError, "valid"),
+    (dict(valid=torch.ones(2, 2, dtype=torch.bool)), ValueError, "valid"),
+    (dict(rho=0.0), ValueError, "rho"),
+    (dict(rho=float("nan")), ValueError, "rho"),
+])
+def test_argument_errors(kwargs, exc, name):
+    args = dict(scores=torch.zeros(1, 1, 2, 2), cand_ids=torch.zeros(1, 2, 2, dtype=torch.long),
+                target_ids=torch.zeros(1, 2, dtype=torch.long), valid=torch.ones(1, 2, dtype=torch.bool))
+    args.update(kwargs)
+    with pytest.raises(exc, match=name):
+        correction_loss(**args)
