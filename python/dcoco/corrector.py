@@ -55,7 +55,10 @@ class Corrector(nn.Module):
 
     def score(self, hidden: torch.Tensor, cand_ids: torch.Tensor, cand_logits: torch.Tensor,
               embed: torch.Tensor) -> torch.Tensor:
-        """scores[r,p,a,b] = S_{p+1}(a,b): float32 (R,B-1,K,K) for hidden (R,B,d), cand_ids/cand_logits (R,B,K)."""
+        """scores[r,p,a,b] = S_{p+1}(a,b): float32 (R,B-1,K,K) for hidden (R,B,d), cand_ids/cand_logits (R,B,K).
+
+        Differentiable (the compiled backward, CPU and CUDA) in hidden, cand_logits and every parameter; embed
+        (frozen) and the ids get no gradient. float64 inputs compute in float64 on the CPU (for gradcheck)."""
         _ops.require_tensors(hidden=hidden, cand_ids=cand_ids, cand_logits=cand_logits, embed=embed)
         return torch.ops.dcoco.score(hidden, cand_ids, cand_logits, embed, *self.weights())
 

@@ -1,0 +1,95 @@
+"""The serving checkpoint: the DFlash layout (what vLLM's DFlash loader reads) plus the corrector.
+
+config.json: the drafter's DFlash config with `architectures: ["DFlashDCOCODraftModel"]` and
+`dcoco_config: {num_candidates, width, mlp_hidden, selection}`; model.safetensors: the drafter's tensors
+and the corrector's under `corrector.` (Corrector's state_dict names). Without a corrector it is a plain
+DFlash checkpoint."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import torch
+from safetensors import safe_open
+
+from . import _ops
+from .corrector import Corrector
+from .dflash import ARCHITECTURE as DFLASH_ARCHITECTURE
+from .dflash import DFlashDrafter, weight_files
+
+ARCHITECTURE = "DFlashDCOCODraftModel"
+PREFIX = "corrector."
+
+
+def save(path: str | Path, drafter: DFlashDrafter, corrector: Corrector | None = None,
+         selection: str = "greedy") -> None:
+    """Write drafter (+ corrector) to the directory path. selection: the path rule a server should use."""
+    if not isinstance(drafter, DFlashDrafter):
+        raise TypeError(f"drafter: expected a DFlashDrafter, got {type(drafter).__name__}")
+    if corrector is None:
+        drafter.save_pretrained(path)
+        return
+    if not isinstance(corrector, Corrector):
+        raise TypeError(f"corrector: expected a dcoco.Corrector or None, got {type(corrector).__name__}")
+    if corrector.hidden_size != drafter.config.hidden_size:
+        raise ValueError(f"corrector: hidden_size {corrector.hidden_size} differs from the drafter's "
+                         f"{drafter.config.hidden_size}")
+    if selection not in _ops.RULES:
+        raise ValueError(f"selection: expected one of {sorted(_ops.RULES)}, got {selection!r}")
+    dcoco_config = {"num_candidates": corrector.num_candidates, "width": corrector.width,
+                    "mlp_hidden": corrector.mlp_hidden, "selection": selection}
+    drafter.save_pretrained(path, extra_tensors={PREFIX + k: v for k, v in corrector.state_dict().items()},
+                            config_update={"architectures": [ARCHITECTURE], "dcoco_config": dcoco_config})
+
+
+def load(path: str | Path, dtype: torch.dtype | None = None,
+         device: torch.device | str = "cpu") -> tuple[DFlashDrafter, Corrector | None]:
+    """(drafter, corrector) from a DCOCO checkpoint, (drafter, None) from a plain DFlash one. dtype defaults
+    to the checkpoint's. ValueError names what is wrong: architecture, dcoco_config, corrector tensors."""
+    path = Path(path)
+    if not (path / "config.json").is_file():
+        raise ValueError(f"path: no config.json in {path}")
+    cfg = json.loads((path / "config.json").read_text())
+    arch = cfg.get("architectures")
+    dcoco = ARCHITECTURE in (arch if isinstance(arch, list) else [])
+    if not dcoco:
+        if "dcoco_config" in cfg:
+            raise ValueError(f"{path}: dcoco_config given but architectures is {arch!r}, not [{ARCHITECTURE!r}]")
+        return DFlashDrafter.from_pretrained(path, dtype, device), None  # corrector.* tensors: "unexpected"
+    dc = _dcoco_config(cfg.get("dcoco_config"), path)
+    drafter = DFlashDrafter.from_pretrained(path, dtype, device, architectures=(DFLASH_ARCHITECTURE, ARCHITECTURE),
+                                            skip_prefix=PREFIX)
+    tensors = {}
+    for f in weight_files(path):
+        with safe_open(str(f), "pt") as st:
+            tensors.update({k[len(PREFIX):]: st.get_tensor(k) for k in st.keys() if k.startswith(PREFIX)})
+    with torch.device("meta"):
+        corrector = Corrector(drafter.config.hidden_size, dc["num_candidates"], dc["width"], dc["mlp_hidden"])
+    expected = {k: v.shape for k, v in corrector.state_dict().items()}
+    missing, unexpected = sorted(expected.keys() - tensors.keys()), sorted(tensors.keys() - expected.keys())
+    if missing or unexpected:
+        raise ValueError(f"{path}: corrector tensors do not match dcoco_config: missing "
+                         f"{[PREFIX + k for k in missing]}, unexpected {[PREFIX + k for k in unexpected]}")
+    for k, shape in expected.items():
+        if tensors[k].shape != shape:
+            raise ValueError(f"{path}: tensor {PREFIX}{k} has shape {tuple(tensors[k].shape)}, expected {tuple(shape)}")
+    dtype = dtype or drafter.fc.weight.dtype
+    corrector.load_state_dict({k: v.to(device=device, dtype=dtype) for k, v in tensors.items()}, assign=True)
+    return drafter, corrector
+
+
+def _dcoco_config(dc, path: Path) -> dict:
+    if not isinstance(dc, dict):
+        raise ValueError(f"{path}: {ARCHITECTURE} needs a dcoco_config object in config.json, got {dc!r}")
+    for key, lo in (("num_candidates", 1), ("width", 2), ("mlp_hidden", 1)):
+        v = dc.get(key)
+        if isinstance(v, bool) or not isinstance(v, int) or v < lo:
+            raise ValueError(f"{path}: dcoco_config.{key}: expected an integer >= {lo}, got {v!r}")
+    if dc["num_candidates"] > _ops.MAX_CANDIDATES:
+        raise ValueError(f"{path}: dcoco_config.num_candidates: at most {_ops.MAX_CANDIDATES}, "
+                         f"got {dc['num_candidates']}")
+    if dc.get("selection") not in _ops.RULES:
+        raise ValueError(f"{path}: dcoco_config.selection: expected one of {sorted(_ops.RULES)}, "
+                         f"got {dc.get('selection')!r}")
+    return dc

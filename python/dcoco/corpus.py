@@ -1,0 +1,198 @@
+"""The training corpus: the target's own greedy continuations of chat prompts, then one teacher-forced target
+pass per sequence for the drafter's context features and the verifier's argmax labels. Built once, cached
+on disk under a key of (target weights, prompt token ids, settings)."""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import os
+import shutil
+from collections.abc import Sequence
+from importlib import resources
+from pathlib import Path
+
+import torch
+from safetensors.torch import load_file, save_file
+from tqdm import tqdm
+
+FORMAT = 1  # bump when the stored layout or its meaning changes: old caches then miss
+FP16_MAX = 65504.0
+
+
+def load_prompts(path: str | Path | None = None) -> list[str]:
+    """Prompts from a JSONL file of {"prompt": ...} lines; default: the set shipped with dcoco."""
+    src = resources.files("dcoco") / "data" / "prompts.jsonl" if path is None else Path(path)
+    prompts = []
+    for n, line in enumerate(src.read_text(encoding="utf-8").splitlines(), 1):
+        if line.strip():
+            p = json.loads(line).get("prompt")
+            if not isinstance(p, str) or not p:
+                raise ValueError(f"path: line {n} of {src} has no non-empty string 'prompt'")
+            prompts.append(p)
+    if not prompts:
+        raise ValueError(f"path: no prompts in {src}")
+    return prompts
+
+
+def encode_prompts(tokenizer, prompts: Sequence[str], max_tokens: int = 300) -> list[list[int]]:
+    """Chat-templated token ids (one user turn plus the generation prompt); prompts longer than
+    max_tokens are dropped so that a few long ones cannot dominate memory and time."""
+    out = []
+    for p in prompts:
+        ids = tokenizer.apply_chat_template([{"role": "user", "content": p}], add_generation_prompt=True,
+                                            tokenize=True, return_dict=False)
+        if len(ids) <= max_tokens:
+            out.append(list(ids))
+    if not out:
+        raise ValueError(f"max_tokens: every prompt is longer than {max_tokens} tokens")
+    return out
+
+
+@dataclasses.dataclass(frozen=True)
+class CorpusSettings:
+    layer_ids: tuple[int, ...]
+    max_new_tokens: int = 128
+    gen_batch: int = 16    # part of the key: padding changes float rounding, so the argmax may change
+    feat_batch: int = 8
+
+    def __post_init__(self):
+        object.__setattr__(self, "layer_ids", tuple(self.layer_ids))
+        if not self.layer_ids or not all(isinstance(i, int) and i >= 0 for i in self.layer_ids):
+            raise ValueError(f"layer_ids: expected a non-empty list of layer indices, got {self.layer_ids!r}")
+        for f in ("max_new_tokens", "gen_batch", "feat_batch"):
+            v = getattr(self, f)
+            if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+                raise ValueError(f"{f}: expected an integer >= 1, got {v!r}")
+
+
+class Corpus:
+    """Packed sequences: ids (T,), hidden (T,F) fp16 (the target features at layer_ids, concatenated),
+    labels (T,) with labels[t] = the target's argmax after tokens < t (labels[0] = ids[0]), response (T,)
+    bool (generated tokens, up to and including the first eos), offsets (N+1,)."""
+
+    def __init__(self, path: str | Path):
+        self.path = Path(path)
+        self.meta = json.loads((self.path / "meta.json").read_text())
+        t = load_file(str(self.path / "corpus.safetensors"))
+        self.ids, self.hidden, self.labels, self.response = t["ids"], t["hidden"], t["labels"], t["response"]
+        self.offsets = t["offsets"].tolist()
+
+    def __len__(self) -> int:
+        return len(self.offsets) - 1
+
+    def __getitem__(self, i: int) -> dict[str, torch.Tensor]:
+        a, b = self.offsets[i], self.offsets[i + 1]
+        return {"ids": self.ids[a:b], "hidden": self.hidden[a:b], "labels": self.labels[a:b],
+                "response": self.response[a:b]}
+
+    @property
+    def feature_dim(self) -> int:
+        return self.hidden.shape[1]
+
+
+def fingerprint(model: torch.nn.Module) -> str:
+    """Target identity: class, config and a strided sample of every parameter (cheap, yet any retrained
+    or differently quantised weights change it)."""
+    h = hashlib.sha256(type(model).__name__.encode())
+    h.update(model.config.to_json_string(use_diff=False).encode())
+    for name, p in model.named_parameters():
+        flat = p.detach().reshape(-1)
+        h.update(f"{name}{tuple(p.shape)}".encode())
+        h.update(flat[:: max(1, flat.numel() // 4096)].float().cpu().numpy().tobytes())
+    return h.hexdigest()
+
+
+def corpus_key(model: torch.nn.Module, prompt_ids: Sequence[Sequence[int]], settings: CorpusSettings) -> str:
+    h = hashlib.sha256(f"format={FORMAT}".encode())
+    h.update(fingerprint(model).encode())
+    h.update(json.dumps([list(p) for p in prompt_ids]).encode())
+    h.update(json.dumps(dataclasses.asdict(settings)).encode())
+    return h.hexdigest()[:20]
+
+
+def _token_ids(value) -> list[int]:
+    return [] if value is None else [value] if isinstance(value, int) else list(value)
+
+
+def build_corpus(model: torch.nn.Module, prompt_ids: Sequence[Sequence[int]], cache_dir: str | Path,
+                 settings: CorpusSettings, eos_ids: Sequence[int] | int | None = None, progress: bool = True) -> Corpus:
+    """Load the cached corpus for (model, prompt_ids, settings), building it first on a miss.
+
+    model: any transformers causal LM (eval mode; its device is used). eos_ids default to the model's
+    generation config. Generation is greedy, batched with left padding, up to settings.max_new_tokens,
+    stopping at eos; the feature pass runs the full sequences right-padded."""
+    if not prompt_ids or not all(len(p) > 0 for p in prompt_ids):
+        raise ValueError("prompt_ids: expected a non-empty list of non-empty token id lists")
+    n_layers = model.config.num_hidden_layers
+    if max(settings.layer_ids) >= n_layers:
+        raise ValueError(f"settings.layer_ids: {list(settings.layer_ids)} out of range for a {n_layers}-layer target")
+    eos = _token_ids(eos_ids if eos_ids is not None else model.generation_config.eos_token_id)
+    if not eos:
+        raise ValueError("eos_ids: the model's generation config names no eos token; pass eos_ids")
+    path = Path(cache_dir) / corpus_key(model, prompt_ids, settings)
+    if (path / "meta.json").is_file():
+        return Corpus(path)
+    seqs = _generate(model, prompt_ids, settings, eos, progress)
+    tmp = path.with_name(f"{path.name}.tmp{os.getpid()}")
+    tmp.mkdir(parents=True, exist_ok=True)
+    save_file(_features(model, seqs, settings, progress), str(tmp / "corpus.safetensors"))
+    meta = {"format": FORMAT, "settings": dataclasses.asdict(settings), "sequences": len(seqs),
+            "tokens": sum(len(p) + len(r) for p, r in seqs), "response_tokens": sum(len(r) for _, r in seqs),
+            "target": getattr(model.config, "_name_or_path", "") or type(model).__name__}
+    (tmp / "meta.json").write_text(json.dumps(meta, indent=2) + "\n")
+    if path.exists():  # another process finished first; its result is the same
+        shutil.rmtree(tmp)
+    else:
+        os.replace(tmp, path)
+    return Corpus(path)
+
+
+@torch.no_grad()
+def _generate(model, prompt_ids, s: CorpusSettings, eos: list[int], progress: bool) -> list[tuple[list, list]]:
+    """[(prompt, response)] in prompt order; the response ends at the first eos (kept) or the length cap."""
+    from transformers import GenerationConfig
+
+    dev = next(model.parameters()).device
+    pad = eos[0]
+    cfg = GenerationConfig(max_new_tokens=s.max_new_tokens, do_sample=False, eos_token_id=eos, pad_token_id=pad)
+    order = sorted(range(len(prompt_ids)), key=lambda i: len(prompt_ids[i]))  # similar lengths share a batch
+    out: list = [None] * len(prompt_ids)
+    for start in tqdm(range(0, len(order), s.gen_batch), desc="generate", disable=not progress):
+        idx = order[start:start + s.gen_batch]
+        L = max(len(prompt_ids[i]) for i in idx)
+        x = torch.tensor([[pad] * (L - len(prompt_ids[i])) + list(prompt_ids[i]) for i in idx], device=dev)
+        mask = torch.tensor([[0] * (L - len(prompt_ids[i])) + [1] * len(prompt_ids[i]) for i in idx], device=dev)
+        gen = model.generate(x, attention_mask=mask, generation_config=cfg)[:, L:].tolist()
+        for i, g in zip(idx, gen):
+            stop = next((j for j, t in enumerate(g) if t in eos), len(g) - 1)
+            out[i] = (list(prompt_ids[i]), g[:stop + 1])
+    return out
+
+
+@torch.no_grad()
+def _features(model, seqs, s: CorpusSettings, progress: bool) -> dict[str, torch.Tensor]:
+    dev = next(model.parameters()).device
+    full = [p + r for p, r in seqs]
+    hidden: list = [None] * len(full)
+    labels: list = [None] * len(full)
+    order = sorted(range(len(full)), key=lambda i: len(full[i]))
+    for start in tqdm(range(0, len(order), s.feat_batch), desc="features", disable=not progress):
+        idx = order[start:start + s.feat_batch]
+        L = max(len(full[i]) for i in idx)
+        x = torch.tensor([full[i] + [0] * (L - len(full[i])) for i in idx], device=dev)
+        mask = torch.tensor([[1] * len(full[i]) + [0] * (L - len(full[i])) for i in idx], device=dev)
+        o = model(input_ids=x, attention_mask=mask, output_hidden_states=True)
+        # massive activations (~2.5e4 at position 0 in SmolLM2) still fit; clamp guards the rest against inf
+        f = torch.cat([o.hidden_states[i + 1] for i in s.layer_ids], -1).clamp(-FP16_MAX, FP16_MAX).half().cpu()
+        arg = o.logits.argmax(-1).cpu()
+        for j, i in enumerate(idx):
+            n = len(full[i])
+            hidden[i] = f[j, :n]
+            labels[i] = torch.cat([x[j, :1].cpu(), arg[j, :n - 1]])
+    lengths = [len(f) for f in full]
+    response = [torch.arange(len(f)) >= len(p) for f, (p, _) in zip(full, seqs)]
+    return {"ids": torch.tensor([t for f in full for t in f], dtype=torch.int64),
+            "hidden": torch.cat(hidden).contiguous(), "labels": torch.cat(labels).contiguous(),
+            "response": torch.cat(response), "offsets": torch.tensor([0, *torch.tensor(lengths).cumsum(0).tolist()])}

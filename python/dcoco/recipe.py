@@ -1,0 +1,92 @@
+"""What `dcoco train` runs: load the target, build (or reuse) the corpus, make or load the drafter, train.
+Defaults are the embedded SmolLM2-135M-Instruct target with a small drafter, sized for a CPU."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+
+from . import checkpoint, smollm2
+from .corpus import CorpusSettings, build_corpus, encode_prompts, load_prompts
+from .dflash import DFlashConfig, build_target_layer_ids
+from .training import TrainConfig, TrainResult, init_distributed, resolve_device, train
+
+SMOLLM2 = "smollm2"
+SMOLLM2_TAPS = [1, 15, 27]  # the taps of the feasibility run (notes/smollm2-feasibility.md)
+
+
+def cache_dir() -> Path:
+    return Path(os.environ.get("DCOCO_CACHE", Path.home() / ".cache" / "dcoco"))
+
+
+def load_target(name: str = SMOLLM2):
+    """(tokenizer, model) in eval mode: "smollm2" is the embedded target, anything else a transformers
+    causal LM directory or hub id."""
+    if name == SMOLLM2:
+        return smollm2.load()
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(name), AutoModelForCausalLM.from_pretrained(name).eval()
+
+
+def drafter_config(model, tokenizer, layers: int = 2, target_layer_ids: list[int] | None = None,
+                   block_size: int = 16, mask_token_id: int | None = None, smollm2_target: bool = False
+                   ) -> DFlashConfig:
+    """A drafter shaped like the target's layers (it shares the target's embedding and LM head), `layers`
+    deep. Taps default to 3 evenly spaced target layers; the mask token to the tokenizer's, else the first
+    unused embedding row."""
+    c = model.config
+    T = c.num_hidden_layers
+    taps = target_layer_ids or (SMOLLM2_TAPS if smollm2_target else build_target_layer_ids(T, 3))
+    if mask_token_id is None:
+        mask_token_id = smollm2.MASK_TOKEN_ID if smollm2_target else tokenizer.mask_token_id
+    if mask_token_id is None and len(tokenizer) < c.vocab_size:
+        mask_token_id = len(tokenizer)
+    if mask_token_id is None:
+        raise ValueError("mask_token_id: the target has no mask token and no spare embedding row; pass one "
+                         "(a rarely used special token, not pad/eos)")
+    rope = getattr(c, "rope_parameters", None) or {}
+    return DFlashConfig(hidden_size=c.hidden_size, intermediate_size=c.intermediate_size, num_hidden_layers=layers,
+                        num_attention_heads=c.num_attention_heads,
+                        num_key_value_heads=getattr(c, "num_key_value_heads", None) or c.num_attention_heads,
+                        vocab_size=c.vocab_size, mask_token_id=mask_token_id, target_layer_ids=taps,
+                        num_target_layers=T, block_size=block_size, head_dim=getattr(c, "head_dim", None),
+                        rms_norm_eps=getattr(c, "rms_norm_eps", 1e-6),
+                        rope_theta=rope.get("rope_theta") or getattr(c, "rope_theta", None) or 1e6,
+                        max_position_embeddings=c.max_position_embeddings)
+
+
+def run(cfg: TrainConfig, target: str = SMOLLM2, prompts: str | None = None, cache: str | None = None,
+        init: str | None = None, layers: int = 2, target_layer_ids: list[int] | None = None, block_size: int = 16,
+        mask_token_id: int | None = None, max_prompt_tokens: int = 300, max_new_tokens: int = 128,
+        gen_batch: int = 16, feat_batch: int = 8, progress: bool = True) -> TrainResult:
+    """Everything `dcoco train` does. init: a DFlash or DCOCO checkpoint to start from (its config wins over
+    layers/target_layer_ids/block_size/mask_token_id). Under torchrun, rank 0 builds the corpus first."""
+    rank, _ = init_distributed()
+    dev = resolve_device(cfg.device)
+    tok, model = load_target(target)
+    model.to(dev)
+    corrector = None
+    if init is not None:
+        drafter, corrector = checkpoint.load(init)
+        dcfg = drafter.config
+    else:
+        drafter = dcfg = drafter_config(model, tok, layers, target_layer_ids, block_size, mask_token_id,
+                                        smollm2_target=target == SMOLLM2)
+    settings = CorpusSettings(tuple(dcfg.target_layer_ids), max_new_tokens, gen_batch, feat_batch)
+    prompt_ids = encode_prompts(tok, load_prompts(prompts), max_prompt_tokens)
+    root = Path(cache) if cache else cache_dir() / "corpus"
+    for turn in (0, 1):  # rank 0 builds while the others wait, then they read its cache
+        if (rank == 0) == (turn == 0):
+            corpus = build_corpus(model, prompt_ids, root, settings, progress=progress and rank == 0)
+        if dist.is_initialized():
+            dist.barrier()
+    embed = model.get_input_embeddings().weight.detach()
+    head = model.get_output_embeddings().weight.detach()  # the same tensor when the target ties them
+    del model
+    if dev.type == "cuda":
+        torch.cuda.empty_cache()
+    return train(cfg, corpus, embed, head, drafter, corrector, progress=progress)

@@ -1,0 +1,375 @@
+"""Training on a cached corpus (corpus.py): a DFlash drafter (mode "drafter"), a DCOCO corrector on a frozen
+drafter ("corrector"), or both jointly ("joint": DFlash loss + L_corr). DDP under torchrun, only rank 0
+writes; resumable; deterministic given the seed."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+import os
+import random
+import time
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+from torch import nn
+from tqdm import tqdm
+
+from . import checkpoint
+from .corpus import Corpus
+from .corrector import Corrector
+from .dflash import DFlashConfig, DFlashDrafter, dflash_loss
+from .loss import correction_loss
+from .select import select
+
+MODES = ("drafter", "corrector", "joint")
+STATE = "train_state.pt"
+# what a resumed run must share with the saved one, or the trajectory would silently change
+RESUME_KEYS = ("mode", "seed", "seqs_per_step", "anchors", "lr", "warmup", "clip", "gamma", "rho", "num_candidates",
+               "width", "mlp_hidden")
+
+
+def corrector_scores(corrector: Corrector, hidden: torch.Tensor, cand_ids: torch.Tensor, cand_logits: torch.Tensor,
+                     embed: torch.Tensor) -> torch.Tensor:
+    """Corrector scores (R,B-1,K,K) with autograd: every training path goes through here, i.e. through the
+    compiled op dcoco::score and its compiled backward."""
+    return corrector.score(hidden, cand_ids, cand_logits, embed)
+
+
+@dataclasses.dataclass
+class TrainConfig:
+    mode: str = "joint"
+    out: str = "runs/dcoco"
+    epochs: int = 1
+    steps: int | None = None        # schedule length; default epochs x steps per epoch
+    stop_at: int | None = None      # stop (resumably) after this global step; the schedule is unchanged
+    max_time: float | None = None   # stop (resumably) after this many seconds of this session
+    seqs_per_step: int = 2          # sequences per step per rank
+    anchors: int | None = None      # anchors per sequence, at most; None: 512 on CUDA, 32 on a CPU (minutes per epoch)
+    lr: float = 6e-4
+    warmup: float = 0.04
+    clip: float = 1.0
+    gamma: float = 7.0              # DFlash loss decay
+    rho: float = 4.0                # L_corr decay
+    num_candidates: int = 16
+    width: int = 128
+    mlp_hidden: int = 256
+    seed: int = 0
+    save_every: int = 200
+    log_every: int = 10
+    resume: bool = False
+    device: str = "auto"            # auto: cuda:LOCAL_RANK when CUDA is available, else cpu
+
+    def __post_init__(self):
+        if self.mode not in MODES:
+            raise ValueError(f"mode: expected one of {MODES}, got {self.mode!r}")
+        for f in ("epochs", "seqs_per_step", "num_candidates", "width", "mlp_hidden", "save_every", "log_every"):
+            _positive_int(f, getattr(self, f))
+        for f in ("steps", "stop_at", "anchors"):
+            if getattr(self, f) is not None:
+                _positive_int(f, getattr(self, f))
+        for f, lo in (("lr", 0.0), ("clip", 0.0), ("gamma", 0.0), ("rho", 0.0), ("max_time", 0.0)):
+            v = getattr(self, f)
+            if v is not None and not (isinstance(v, (int, float)) and math.isfinite(v) and v > lo):
+                raise ValueError(f"{f}: expected a finite number > {lo}, got {v!r}")
+        if not (isinstance(self.warmup, (int, float)) and 0 <= self.warmup < 1):
+            raise ValueError(f"warmup: expected a fraction in [0, 1), got {self.warmup!r}")
+
+
+def _positive_int(name: str, v) -> None:
+    if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+        raise ValueError(f"{name}: expected an integer >= 1, got {v!r}")
+
+
+# ---- data: anchors and batches ----
+
+def anchor_positions(response: torch.Tensor) -> torch.Tensor:
+    """Positions p with p and p+1 inside the response: the anchor is a committed response token and slot 1
+    is supervised."""
+    return (response[:-1] & response[1:]).nonzero()[:, 0]
+
+
+def sample_anchors(response: torch.Tensor, count: int, gen: torch.Generator) -> torch.Tensor:
+    """Up to count distinct anchor positions, sorted."""
+    cand = anchor_positions(response)
+    return cand[torch.randperm(len(cand), generator=gen)[:count]].sort().values
+
+
+def collate(seqs: list[dict[str, torch.Tensor]], anchors: list[torch.Tensor]) -> dict[str, torch.Tensor]:
+    """Right-pads sequences to the longest and anchor lists to the most; anchor_ok marks the real anchors."""
+    N, S, A, F = len(seqs), max(len(s["ids"]) for s in seqs), max(len(a) for a in anchors), seqs[0]["hidden"].shape[1]
+    b = {"ids": torch.zeros(N, S, dtype=torch.long), "hidden": torch.zeros(N, S, F, dtype=seqs[0]["hidden"].dtype),
+         "labels": torch.zeros(N, S, dtype=torch.long), "response": torch.zeros(N, S, dtype=torch.bool),
+         "anchors": torch.zeros(N, A, dtype=torch.long), "anchor_ok": torch.zeros(N, A, dtype=torch.bool)}
+    for i, (s, a) in enumerate(zip(seqs, anchors)):
+        n = len(s["ids"])
+        for k in ("ids", "hidden", "labels", "response"):
+            b[k][i, :n] = s[k]
+        b["anchors"][i, :len(a)] = a
+        b["anchor_ok"][i, :len(a)] = True
+    return b
+
+
+def _gen(*key: int) -> torch.Generator:
+    # tuples of ints hash the same in every process (no hash randomisation for ints)
+    return torch.Generator().manual_seed(hash(key) & (2 ** 63 - 1))
+
+
+class Schedule:
+    """Which sequences and anchors every (rank, step) sees: a function of (seed, epoch, position) only, so a
+    resumed run sees exactly what an uninterrupted one would."""
+
+    def __init__(self, corpus: Corpus, seed: int, seqs_per_step: int, anchors: int, rank: int, world: int):
+        self.corpus, self.seed, self.n, self.anchors, self.rank, self.world = \
+            corpus, seed, seqs_per_step, anchors, rank, world
+        self.usable = [i for i in range(len(corpus)) if len(anchor_positions(corpus[i]["response"]))]
+        self.per_rank = len(self.usable) // world
+        self.steps_per_epoch = self.per_rank // seqs_per_step
+        if self.steps_per_epoch < 1:
+            raise ValueError(f"corpus: {len(self.usable)} usable sequences are too few for {world} rank(s) x "
+                             f"{seqs_per_step} sequences per step")
+
+    def batch(self, step: int) -> dict[str, torch.Tensor]:
+        epoch, k = divmod(step, self.steps_per_epoch)
+        order = torch.randperm(len(self.usable), generator=_gen(self.seed, epoch, -1))[: self.per_rank * self.world]
+        mine = order[self.rank:: self.world][k * self.n:(k + 1) * self.n].tolist()
+        seqs = [self.corpus[self.usable[j]] for j in mine]
+        anchors = [sample_anchors(s["response"], self.anchors, _gen(self.seed, epoch, self.usable[j]))
+                   for s, j in zip(seqs, mine)]
+        return collate(seqs, anchors)
+
+
+# ---- the objective ----
+
+class Objective(nn.Module):
+    """Losses and teacher-forced tau for one batch; holds the trained modules (what DDP wraps). Slot j of the
+    block at anchor p is supervised by labels[p+j], the verifier's argmax (both losses; on a greedy corpus it
+    is the next corpus token), and valid while p+j is inside the sequence's response."""
+
+    def __init__(self, drafter: DFlashDrafter, corrector: Corrector | None, cfg: TrainConfig):
+        super().__init__()
+        self.drafter, self.corrector, self.cfg = drafter, corrector, cfg
+
+    def forward(self, batch: dict[str, torch.Tensor], embed: torch.Tensor,
+                head: torch.Tensor) -> dict[str, torch.Tensor]:
+        cfg, mode = self.cfg, self.cfg.mode
+        ids, anchors, labels = batch["ids"], batch["anchors"], batch["labels"]
+        (N, A), S, bs = anchors.shape, ids.shape[1], self.drafter.config.block_size
+        pos = anchors[..., None] + torch.arange(1, bs, device=ids.device)                # (N,A,B) slot positions
+        at = pos.clamp(max=S - 1).view(N, -1)
+        target = labels.gather(1, at).view(N * A, bs - 1)
+        real = batch["anchor_ok"].reshape(-1)
+        valid = ((pos < S) & batch["response"].gather(1, at).view(N, A, -1)).view(N * A, -1) & real[:, None]
+
+        with torch.set_grad_enabled(torch.is_grad_enabled() and mode != "corrector"):
+            h = self.drafter(ids, batch["hidden"], anchors, embed)[:, :, 1:].reshape(N * A, bs - 1, -1)
+            logits = DFlashDrafter.compute_logits(h, head)
+            top = logits.topk(cfg.num_candidates, dim=-1)
+        zero = torch.zeros((), device=ids.device)
+        out = {"dflash": dflash_loss(logits, target, valid, cfg.gamma) if mode != "corrector" else zero,
+               "corr": zero}
+        cand_ids = top.indices
+        out["tau_dflash"] = _tau(cand_ids[..., 0], target, valid, real)
+        if self.corrector is not None:
+            with torch.set_grad_enabled(torch.is_grad_enabled() and mode != "drafter"):
+                scores = corrector_scores(self.corrector, h, cand_ids, top.values, embed)
+                out["corr"] = correction_loss(scores, cand_ids, target, valid, cfg.rho)
+            ranks = select(scores.detach().float(), top.values[:, 0].detach().float(), "greedy")
+            out["tau_dcoco"] = _tau(cand_ids.gather(2, ranks[..., None])[..., 0], target, valid, real)
+        out["loss"] = {"drafter": out["dflash"], "corrector": out["corr"], "joint": out["dflash"] + out["corr"]}[mode]
+        out["blocks"] = real.sum()
+        return out
+
+
+def _tau(sel: torch.Tensor, target: torch.Tensor, valid: torch.Tensor, real: torch.Tensor) -> torch.Tensor:
+    """Sum over real blocks of 1 + the leading run of slots whose selected token is the (valid) label."""
+    run = ((sel == target) & valid).long().cumprod(-1).sum(-1)
+    return ((run + 1) * real).sum().float()
+
+
+# ---- the loop ----
+
+@dataclasses.dataclass
+class TrainResult:
+    drafter: DFlashDrafter
+    corrector: Corrector | None
+    step: int
+    history: list[dict]   # one record per step of this session: losses, tau, lr (global over ranks)
+
+
+def init_distributed() -> tuple[int, int]:
+    """(rank, world): joins the torchrun group when WORLD_SIZE > 1 (nccl on GPU, gloo on CPU)."""
+    world = int(os.environ.get("WORLD_SIZE", "1"))
+    if world > 1 and not dist.is_initialized():
+        if torch.cuda.is_available():
+            torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))  # nccl binds each rank to its GPU
+        dist.init_process_group("nccl" if torch.cuda.is_available() else "gloo")
+    return (dist.get_rank(), dist.get_world_size()) if dist.is_initialized() else (0, 1)
+
+
+def resolve_device(name: str) -> torch.device:
+    if name == "auto":
+        if torch.cuda.is_available():
+            return torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")))
+        return torch.device("cpu")
+    return torch.device(name)
+
+
+def train(cfg: TrainConfig, corpus: Corpus, embed: torch.Tensor, head: torch.Tensor,
+          drafter: DFlashDrafter | DFlashConfig, corrector: Corrector | None = None,
+          progress: bool = True) -> TrainResult:
+    """Train per cfg.mode; writes cfg.out/{config.json, model.safetensors} (checkpoint.save), train_state.pt
+    and log.jsonl (rank 0 only). embed/head: the target's frozen (V,d) embedding and LM-head weights.
+    drafter: a DFlashDrafter (e.g. checkpoint.load) or a DFlashConfig for a fresh one (seeded). corrector:
+    trained in corrector/joint modes (fresh and seeded when None), kept frozen in drafter mode."""
+    if not isinstance(cfg, TrainConfig):
+        raise TypeError(f"cfg: expected a TrainConfig, got {type(cfg).__name__}")
+    if not isinstance(corpus, Corpus):
+        raise TypeError(f"corpus: expected a dcoco.corpus.Corpus, got {type(corpus).__name__}")
+    if cfg.mode == "corrector" and not isinstance(drafter, DFlashDrafter):
+        raise ValueError("drafter: corrector mode trains on a frozen, trained drafter; pass a DFlashDrafter")
+    rank, world = init_distributed()
+    dev = resolve_device(cfg.device)
+    torch.manual_seed(cfg.seed)
+    if isinstance(drafter, DFlashConfig):
+        drafter = DFlashDrafter(drafter)
+    if not isinstance(drafter, DFlashDrafter):
+        raise TypeError(f"drafter: expected a DFlashDrafter or DFlashConfig, got {type(drafter).__name__}")
+    d = drafter.config.hidden_size
+    if corrector is None and cfg.mode != "drafter":
+        corrector = Corrector(d, cfg.num_candidates, cfg.width, cfg.mlp_hidden)
+    if corrector is not None and corrector.hidden_size != d:
+        raise ValueError(f"corrector: hidden_size {corrector.hidden_size} differs from the drafter's {d}")
+    if corrector is not None and corrector.num_candidates != cfg.num_candidates:
+        raise ValueError(f"cfg.num_candidates: {cfg.num_candidates}, but the corrector is for "
+                         f"K = {corrector.num_candidates}")
+    if corpus.feature_dim != drafter.fc.in_features:
+        raise ValueError(f"corpus: features are {corpus.feature_dim} wide, the drafter expects "
+                         f"{drafter.fc.in_features} ({len(drafter.config.target_layer_ids)} target layers x {d})")
+    V = drafter.config.vocab_size
+    if cfg.num_candidates > V:
+        raise ValueError(f"cfg.num_candidates: {cfg.num_candidates} exceeds the vocabulary ({V})")
+    for name, w in (("embed", embed), ("head", head)):
+        if not isinstance(w, torch.Tensor) or w.dim() != 2 or tuple(w.shape) != (V, d):
+            got = tuple(w.shape) if isinstance(w, torch.Tensor) else type(w).__name__
+            raise ValueError(f"{name}: expected the target's ({V}, {d}) weight, got {got}")
+    drafter.float().to(dev)
+    drafter.requires_grad_(cfg.mode != "corrector")
+    if corrector is not None:
+        corrector.float().to(dev)
+        corrector.requires_grad_(cfg.mode != "drafter")
+    embed, head = embed.detach().float().to(dev), head.detach().float().to(dev)
+
+    anchors = cfg.anchors or (512 if dev.type == "cuda" else 32)
+    sched = Schedule(corpus, cfg.seed, cfg.seqs_per_step, anchors, rank, world)
+    total = cfg.steps or cfg.epochs * sched.steps_per_epoch
+    objective = Objective(drafter, corrector, cfg)
+    params = [p for p in objective.parameters() if p.requires_grad]
+    opt = torch.optim.AdamW(params, lr=cfg.lr, weight_decay=0.0)
+    warm = int(cfg.warmup * total)
+    lr_at = (lambda s: (s + 1) / warm if s < warm else
+             0.5 * (1 + math.cos(math.pi * (s - warm) / max(1, total - warm))))
+    lr_sched = torch.optim.lr_scheduler.LambdaLR(opt, lr_at)
+    out = Path(cfg.out)
+    start = _resume(out, cfg, total, world, objective, opt, lr_sched) if cfg.resume else 0
+    model = objective
+    if world > 1:
+        model = nn.parallel.DistributedDataParallel(objective, device_ids=[dev.index] if dev.type == "cuda" else None)
+
+    history, t0, step, end = [], time.monotonic(), start, min(total, cfg.stop_at or total)
+    bar = tqdm(total=total, initial=start, desc=f"train {cfg.mode}", disable=rank != 0 or not progress)
+    while step < end:
+        batch = {k: v.to(dev, non_blocking=True) for k, v in sched.batch(step).items()}
+        with torch.autocast("cuda", torch.bfloat16, enabled=dev.type == "cuda"):
+            res = model(batch, embed, head)
+        opt.zero_grad(set_to_none=True)
+        res["loss"].backward()
+        torch.nn.utils.clip_grad_norm_(params, cfg.clip)
+        lr = opt.param_groups[0]["lr"]
+        opt.step()
+        lr_sched.step()
+        step += 1
+        rec = _record(res, step, lr, cfg.max_time is not None and time.monotonic() - t0 > cfg.max_time, world, dev)
+        stop = rec.pop("stop")
+        history.append(rec)
+        if rank == 0:
+            _log(out, rec, bar, history, cfg.log_every)
+            if step % cfg.save_every == 0 or step == end or stop:
+                _save(out, cfg, step, total, world, objective, opt, lr_sched)
+        if stop:
+            break
+    bar.close()
+    return TrainResult(drafter, corrector, step, history)
+
+
+def _record(res: dict, step: int, lr: float, stop: bool, world: int, dev: torch.device) -> dict:
+    """Global per-step numbers: losses averaged over ranks, tau over all blocks; stop if any rank stops."""
+    v = torch.stack([res["loss"].detach().float(), res["dflash"].detach().float(), res["corr"].detach().float(),
+                     res["tau_dflash"], res.get("tau_dcoco", torch.zeros((), device=dev)), res["blocks"].float(),
+                     torch.tensor(float(stop), device=dev)])
+    if world > 1:
+        dist.all_reduce(v)
+    loss, dflash, corr, td, tc, blocks, stops = v.tolist()
+    rec = {"step": step, "lr": lr, "loss": loss / world, "dflash": dflash / world, "corr": corr / world,
+           "tau_dflash": td / max(blocks, 1), "stop": stops > 0}
+    if "tau_dcoco" in res:
+        rec["tau_dcoco"] = tc / max(blocks, 1)
+    return rec
+
+
+def _log(out: Path, rec: dict, bar: tqdm, history: list[dict], every: int) -> None:
+    out.mkdir(parents=True, exist_ok=True)
+    with open(out / "log.jsonl", "a") as f:
+        f.write(json.dumps(rec) + "\n")
+    window = history[-every:]
+    mean = {k: sum(r[k] for r in window) / len(window) for k in rec if k not in ("step", "lr")}
+    bar.set_postfix({k: f"{v:.3f}" for k, v in mean.items()}, refresh=False)
+    bar.update(1)
+    if rec["step"] % every == 0:
+        bar.write(f"step {rec['step']}: " + " ".join(f"{k} {v:.4f}" for k, v in mean.items()) + f" lr {rec['lr']:.2e}")
+
+
+def _save(out: Path, cfg: TrainConfig, step: int, total: int, world: int, objective: Objective,
+          opt: torch.optim.Optimizer, lr_sched) -> None:
+    """The serving checkpoint and the training state, each written whole before it replaces the old one."""
+    tmp = out / f".tmp{step}"
+    checkpoint.save(tmp, objective.drafter, objective.corrector)
+    for f in ("config.json", "model.safetensors"):
+        os.replace(tmp / f, out / f)
+    state = {"step": step, "total": total, "world": world, "config": dataclasses.asdict(cfg),
+             "drafter": objective.drafter.state_dict(),
+             "corrector": objective.corrector.state_dict() if objective.corrector is not None else None,
+             "optimizer": opt.state_dict(), "scheduler": lr_sched.state_dict(),
+             "rng": {"torch": torch.get_rng_state(), "python": random.getstate(),
+                     "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else None}}
+    torch.save(state, tmp / STATE)
+    os.replace(tmp / STATE, out / STATE)
+    tmp.rmdir()
+
+
+def _resume(out: Path, cfg: TrainConfig, total: int, world: int, objective: Objective, opt, lr_sched) -> int:
+    if not (out / STATE).is_file():
+        raise ValueError(f"resume: no {STATE} in {out}")
+    state = torch.load(out / STATE, map_location="cpu", weights_only=False)
+    saved = state["config"]
+    diff = [f"{k} ({saved[k]!r} saved, {getattr(cfg, k)!r} now)" for k in RESUME_KEYS if saved[k] != getattr(cfg, k)]
+    if state["total"] != total:
+        diff.append(f"schedule length ({state['total']} saved, {total} now)")
+    if state["world"] != world:
+        diff.append(f"world size ({state['world']} saved, {world} now)")
+    if (state["corrector"] is None) != (objective.corrector is None):
+        diff.append("corrector (present in one run only)")
+    if diff:
+        raise ValueError(f"resume: the run in {out} differs: {', '.join(diff)}")
+    objective.drafter.load_state_dict(state["drafter"])
+    if objective.corrector is not None:
+        objective.corrector.load_state_dict(state["corrector"])
+    opt.load_state_dict(state["optimizer"])
+    lr_sched.load_state_dict(state["scheduler"])
+    torch.set_rng_state(state["rng"]["torch"])
+    random.setstate(state["rng"]["python"])
+    if state["rng"]["cuda"] is not None and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(state["rng"]["cuda"])
+    return state["step"]

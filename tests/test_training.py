@@ -1,0 +1,295 @@
+"""Training: corpus cache, the three modes, exact resume, the serving checkpoint, the CLI and torchrun (DDP).
+All on a tiny random Llama target built in a temp dir (vocab 100, hidden 64)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+pytest.importorskip("transformers", reason="training needs the demo extra (pip install '.[demo]')")
+
+from safetensors.torch import load_file, save_file  # noqa: E402
+
+from dcoco import checkpoint, cli, corpus as corpus_mod, recipe  # noqa: E402
+from dcoco.corrector import Corrector  # noqa: E402
+from dcoco.dflash import DFlashDrafter  # noqa: E402
+from dcoco.training import Objective, Schedule, TrainConfig, _tau, sample_anchors, train  # noqa: E402
+
+WORDS = ("the a cat dog sun moon run jump big small red blue one two three four five six seven eight nine ten "
+         "add sum code list write poem why how what when who is are was be and or not if then else for while "
+         "return print value number word line story sea sky tree rain snow day night time fast slow hot cold "
+         "up down left right go stop yes no good bad new old first last next more less many few all").split()
+TAPS = (0, 2)
+SETTINGS = corpus_mod.CorpusSettings(TAPS, max_new_tokens=24, gen_batch=4, feat_batch=4)
+
+
+@pytest.fixture(scope="module")
+def target_dir(tmp_path_factory) -> Path:
+    """A saved tiny Llama + word-level tokenizer with a chat template, and a prompts file."""
+    from tokenizers import Tokenizer, models, pre_tokenizers
+    from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
+
+    d = tmp_path_factory.mktemp("target")
+    vocab = {t: i for i, t in enumerate(["<unk>", "<eos>", "<user>", "<bot>", *WORDS])}
+    tk = Tokenizer(models.WordLevel(vocab, unk_token="<unk>"))
+    tk.pre_tokenizer = pre_tokenizers.Whitespace()
+    tok = PreTrainedTokenizerFast(tokenizer_object=tk, unk_token="<unk>", eos_token="<eos>")
+    tok.chat_template = "{% for m in messages %}<user> {{ m['content'] }} {% endfor %}<bot>"
+    tok.save_pretrained(d)
+    torch.manual_seed(0)
+    cfg = LlamaConfig(vocab_size=100, hidden_size=64, intermediate_size=128, num_hidden_layers=4,
+                      num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256, eos_token_id=1,
+                      bos_token_id=None, pad_token_id=1, tie_word_embeddings=True, initializer_range=0.4)
+    LlamaForCausalLM(cfg).save_pretrained(d)
+    g = torch.Generator().manual_seed(1)
+    lines = [" ".join(WORDS[int(i)] for i in torch.randint(0, len(WORDS), (int(n),), generator=g))
+             for n in torch.randint(3, 12, (10,), generator=g)]
+    (d / "prompts.jsonl").write_text("".join(json.dumps({"prompt": p}) + "\n" for p in lines))
+    return d
+
+
+@pytest.fixture(scope="module")
+def target(target_dir):
+    return recipe.load_target(str(target_dir))
+
+
+@pytest.fixture(scope="module")
+def corpus(target, target_dir, tmp_path_factory):
+    tok, model = target
+    ids = corpus_mod.encode_prompts(tok, corpus_mod.load_prompts(target_dir / "prompts.jsonl"))
+    return corpus_mod.build_corpus(model, ids, tmp_path_factory.mktemp("cache"), SETTINGS, progress=False)
+
+
+def drafter_cfg(target):
+    tok, model = target
+    return recipe.drafter_config(model, tok, layers=1, target_layer_ids=list(TAPS), block_size=8)
+
+
+def frozen(target):
+    w = target[1].get_input_embeddings().weight.detach()
+    return w, target[1].get_output_embeddings().weight.detach()
+
+
+def small(**kw) -> TrainConfig:
+    return TrainConfig(**{"anchors": 8, "num_candidates": 32, "width": 16, "mlp_hidden": 32, "seqs_per_step": 2,
+                          "save_every": 1000, "log_every": 1000, **kw})
+
+
+def test_corpus_contents_and_cache_hit(target, target_dir, corpus, monkeypatch):
+    tok, model = target
+    assert len(corpus) == 10 and corpus.feature_dim == 2 * 64 and corpus.hidden.dtype == torch.float16
+    ids = corpus_mod.encode_prompts(tok, corpus_mod.load_prompts(target_dir / "prompts.jsonl"))
+    for i in (0, 7):
+        s = corpus[i]
+        n = len(ids[i])
+        assert s["ids"][:n].tolist() == ids[i] and not s["response"][:n].any() and s["response"][n:].all()
+        resp = s["ids"][n:].tolist()
+        assert 1 not in resp[:-1] and (resp[-1] == 1 or len(resp) == SETTINGS.max_new_tokens)
+        with torch.no_grad():
+            o = model(s["ids"][None], output_hidden_states=True)
+        feats = torch.cat([o.hidden_states[t + 1][0] for t in TAPS], -1)
+        torch.testing.assert_close(s["hidden"].float(), feats, atol=2e-3, rtol=2e-3)
+        assert torch.equal(s["labels"][1:], o.logits[0, :-1].argmax(-1))
+    # a second build is a cache hit: no generation at all
+    monkeypatch.setattr(corpus_mod, "_generate", lambda *a: pytest.fail("cache miss"))
+    again = corpus_mod.build_corpus(model, ids, corpus.path.parent, SETTINGS, progress=False)
+    assert again.path == corpus.path and torch.equal(again.hidden, corpus.hidden)
+    other = corpus_mod.CorpusSettings(TAPS, max_new_tokens=23, gen_batch=4, feat_batch=4)
+    assert corpus_mod.corpus_key(model, ids, other) != corpus.path.name
+
+
+def test_shipped_prompts():
+    prompts = corpus_mod.load_prompts()
+    assert len(prompts) >= 300 and len(set(prompts)) == len(prompts)
+
+
+def test_anchors_tau_and_sharding(corpus):
+    response = torch.tensor([0, 0, 1, 1, 1, 0, 1, 1, 1, 1], dtype=torch.bool)
+    g = torch.Generator().manual_seed(0)
+    assert sample_anchors(response, 100, g).tolist() == [2, 3, 6, 7, 8]  # p and p+1 both in the response
+    a = sample_anchors(response, 3, g)
+    assert len(a) == 3 and a.tolist() == sorted(set(a.tolist()))
+    sel = torch.tensor([[5, 6, 7], [5, 0, 7], [1, 6, 7], [5, 6, 7]])
+    target = torch.tensor([[5, 6, 7]] * 4)
+    valid = torch.tensor([[1, 1, 1], [1, 1, 1], [1, 1, 1], [1, 1, 0]], dtype=torch.bool)
+    real = torch.tensor([True, True, True, False])
+    assert float(_tau(sel, target, valid, real)) == 4 + 2 + 1  # the padded block does not count
+    r0, r1 = (Schedule(corpus, 0, 2, 8, rank, 2) for rank in (0, 1))
+    for step in (0, 1, r0.steps_per_epoch):
+        b0, b1 = r0.batch(step), r1.batch(step)
+        rows0, rows1 = ({tuple(x[x != 0].tolist()) for x in b["ids"]} for b in (b0, b1))
+        assert not rows0 & rows1  # ranks see different sequences
+        assert torch.equal(b0["anchors"], r0.batch(step)["anchors"])  # deterministic
+
+
+@pytest.mark.parametrize("mode", ["drafter", "corrector", "joint"])
+def test_each_mode_learns_a_repeated_batch(mode, target, corpus):
+    embed, head = frozen(target)
+    cfg = small(mode=mode)
+    torch.manual_seed(0)
+    drafter = DFlashDrafter(drafter_cfg(target))
+    corrector = Corrector(64, 32, 16, 32) if mode != "drafter" else None
+    drafter.requires_grad_(mode != "corrector")
+    obj = Objective(drafter, corrector, cfg)
+    batch = Schedule(corpus, 0, 2, 8, 0, 1).batch(0)
+    opt = torch.optim.AdamW([p for p in obj.parameters() if p.requires_grad], lr=1e-2)
+    losses = []
+    for _ in range(12):
+        out = obj(batch, embed, head)
+        opt.zero_grad()
+        out["loss"].backward()
+        opt.step()
+        losses.append(float(out["loss"].detach()))
+    assert losses[-1] < 0.9 * losses[0], losses
+    assert ("tau_dcoco" in out) == (mode != "drafter") and float(out["blocks"]) > 0
+
+
+def test_fresh_corrector_keeps_the_drafter_argmax(target, corpus):
+    embed, head = frozen(target)
+    torch.manual_seed(0)
+    obj = Objective(DFlashDrafter(drafter_cfg(target)), Corrector(64, 32, 16, 32), small())
+    with torch.no_grad():
+        out = obj(Schedule(corpus, 0, 2, 8, 0, 1).batch(0), embed, head)
+    assert float(out["tau_dcoco"]) == float(out["tau_dflash"])
+
+
+def test_resume_reproduces_the_uninterrupted_run(target, corpus, tmp_path):
+    embed, head = frozen(target)
+    full = train(small(out=str(tmp_path / "a"), steps=6), corpus, embed, head, drafter_cfg(target), progress=False)
+    part = train(small(out=str(tmp_path / "b"), steps=6, stop_at=3), corpus, embed, head, drafter_cfg(target),
+                 progress=False)
+    assert part.step == 3
+    rest = train(small(out=str(tmp_path / "b"), steps=6, resume=True), corpus, embed, head, drafter_cfg(target),
+                 progress=False)
+    assert rest.step == 6 and [r["step"] for r in rest.history] == [4, 5, 6]
+    for a, b in ((full.drafter, rest.drafter), (full.corrector, rest.corrector)):
+        for (k, x), y in zip(a.state_dict().items(), b.state_dict().values()):
+            assert torch.equal(x, y), k
+    assert [r["loss"] for r in full.history[3:]] == [r["loss"] for r in rest.history]
+    drafter, corrector = checkpoint.load(tmp_path / "b")
+    assert torch.equal(drafter.fc.weight, full.drafter.fc.weight)
+    assert torch.equal(corrector.pair_proj.weight, full.corrector.pair_proj.weight)
+    with pytest.raises(ValueError, match="seed"):
+        train(small(out=str(tmp_path / "b"), steps=6, resume=True, seed=1), corpus, embed, head,
+              drafter_cfg(target), progress=False)
+
+
+def test_serving_checkpoint_round_trip_and_broken_ones(target, tmp_path):
+    torch.manual_seed(0)
+    drafter, corrector = DFlashDrafter(drafter_cfg(target)), Corrector(64, 32, 16, 32)
+    with torch.no_grad():
+        corrector.mlp[2].weight.normal_()
+    checkpoint.save(tmp_path / "dcoco", drafter, corrector)
+    cfg = json.loads((tmp_path / "dcoco" / "config.json").read_text())
+    assert cfg["architectures"] == ["DFlashDCOCODraftModel"]
+    assert cfg["dcoco_config"] == {"num_candidates": 32, "width": 16, "mlp_hidden": 32, "selection": "greedy"}
+    assert "corrector.cand_proj.weight" in load_file(tmp_path / "dcoco" / "model.safetensors")
+    d2, c2 = checkpoint.load(tmp_path / "dcoco")
+    for a, b in ((drafter, d2), (corrector, c2)):
+        assert a.state_dict().keys() == b.state_dict().keys()
+        assert all(torch.equal(a.state_dict()[k], b.state_dict()[k]) for k in a.state_dict())
+    checkpoint.save(tmp_path / "plain", drafter)
+    d3, c3 = checkpoint.load(tmp_path / "plain")
+    assert c3 is None and torch.equal(d3.fc.weight, drafter.fc.weight)
+    assert DFlashDrafter.from_pretrained(tmp_path / "plain").config.to_dict() == drafter.config.to_dict()
+
+    def broken(name, edit_cfg=None, edit_tensors=None, src="dcoco"):
+        d = tmp_path / name
+        d.mkdir()
+        c = json.loads((tmp_path / src / "config.json").read_text())
+        t = load_file(tmp_path / src / "model.safetensors")
+        edit_cfg and edit_cfg(c)
+        edit_tensors and edit_tensors(t)
+        (d / "config.json").write_text(json.dumps(c))
+        save_file(t, d / "model.safetensors")
+        return d
+
+    cases = [
+        (broken("no_corr", edit_tensors=lambda t: t.pop("corrector.mlp.2.bias")), "missing.*corrector.mlp.2.bias"),
+        (broken("extra", edit_tensors=lambda t: t.update({"corrector.x": torch.zeros(1)})), "unexpected.*corrector.x"),
+        (broken("shape", edit_tensors=lambda t: t.update({"corrector.pair_proj.weight": torch.zeros(16, 64)})),
+         "corrector.pair_proj.weight has shape"),
+        (broken("no_cfg", edit_cfg=lambda c: c.pop("dcoco_config")), "dcoco_config"),
+        (broken("bad_sel", edit_cfg=lambda c: c["dcoco_config"].update(selection="best")), "selection"),
+        (broken("bad_width", edit_cfg=lambda c: c["dcoco_config"].update(width=0)), "width"),
+        (broken("plain_arch", edit_cfg=lambda c: c.update(architectures=["DFlashDraftModel"])), "dcoco_config"),
+        (broken("plain_with_corr", edit_cfg=lambda c: (c.update(architectures=["DFlashDraftModel"]),
+                                                         c.pop("dcoco_config"))), "unexpected.*corrector"),
+        (broken("drafter_missing", edit_tensors=lambda t: t.pop("fc.weight")), "missing.*fc.weight"),
+        (broken("other_arch", edit_cfg=lambda c: c.update(architectures=["LlamaForCausalLM"])), "architectures"),
+    ]
+    for path, msg in cases:
+        with pytest.raises(ValueError, match=msg):
+            checkpoint.load(path)
+    with pytest.raises(ValueError, match="hidden_size"):
+        checkpoint.save(tmp_path / "x", drafter, Corrector(32, 8, 16, 32))
+    with pytest.raises(TypeError, match="drafter"):
+        checkpoint.save(tmp_path / "x", corrector)
+
+
+def test_bad_arguments(target, corpus):
+    embed, head = frozen(target)
+    with pytest.raises(ValueError, match="mode"):
+        TrainConfig(mode="both")
+    with pytest.raises(ValueError, match="anchors"):
+        TrainConfig(anchors=0)
+    with pytest.raises(ValueError, match="drafter"):
+        train(small(mode="corrector"), corpus, embed, head, drafter_cfg(target), progress=False)
+    with pytest.raises(ValueError, match="embed"):
+        train(small(), corpus, embed[:, :32], head, drafter_cfg(target), progress=False)
+    with pytest.raises(ValueError, match="corpus"):
+        train(small(seqs_per_step=11), corpus, embed, head, drafter_cfg(target), progress=False)
+
+
+def cli_args(target_dir: Path, cache: Path, out: Path, *extra: str) -> list[str]:
+    return ["train", "--target", str(target_dir), "--prompts", str(target_dir / "prompts.jsonl"),
+            "--cache-dir", str(cache), "--out", str(out), "--max-new-tokens", "24", "--gen-batch", "4",
+            "--feat-batch", "4", "--layers", "1", "--target-layers", "0,2", "--block-size", "8", "--anchors", "8",
+            "--candidates", "32", "--width", "16", "--mlp-hidden", "32", "--no-progress", *extra]
+
+
+def test_cli_drafter_then_corrector(target_dir, corpus, tmp_path):
+    cache = corpus.path.parent
+    assert cli.main(cli_args(target_dir, cache, tmp_path / "d", "--mode", "drafter", "--steps", "2")) == 0
+    drafter, corrector = checkpoint.load(tmp_path / "d")
+    assert corrector is None and drafter.config.mask_token_id == 88  # the first spare row: 88 tokens, vocab 100
+    assert cli.main(cli_args(target_dir, cache, tmp_path / "c", "--mode", "corrector", "--steps", "2",
+                             "--init", str(tmp_path / "d"))) == 0
+    d2, c2 = checkpoint.load(tmp_path / "c")
+    assert c2 is not None and torch.equal(d2.fc.weight, drafter.fc.weight)  # the drafter stayed frozen
+    log = [json.loads(x) for x in (tmp_path / "c" / "log.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in log] == [1, 2] and "tau_dcoco" in log[0]
+
+
+WRAPPER = """
+import hashlib, sys, torch, torch.distributed as dist
+from dcoco import cli, recipe
+cfg, kw = cli.train_options(cli.parser().parse_args(sys.argv[2:]))
+res = recipe.run(cfg, **kw)
+h = hashlib.sha256()
+for m in (res.drafter, res.corrector):
+    for v in m.state_dict().values():
+        h.update(v.detach().cpu().numpy().tobytes())
+open(f"{sys.argv[1]}/rank{dist.get_rank()}.txt", "w").write(h.hexdigest())
+"""
+
+
+def test_torchrun_two_cpu_ranks_end_equal(target_dir, corpus, tmp_path):
+    (tmp_path / "w.py").write_text(WRAPPER)
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "CUDA_VISIBLE_DEVICES": ""}
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", str(tmp_path / "w.py"),
+           str(tmp_path), *cli_args(target_dir, corpus.path.parent, tmp_path / "out", "--mode", "joint",
+                                    "--seqs-per-step", "1", "--steps", "3")]
+    r = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr[-3000:]
+    sums = [(tmp_path / f"rank{i}.txt").read_text() for i in (0, 1)]
+    assert sums[0] == sums[1]
+    state = torch.load(tmp_path / "out" / "train_state.pt", weights_only=False)
+    assert state["world"] == 2 and state["step"] == 3
+    assert len((tmp_path / "out" / "log.jsonl").read_text().splitlines()) == 3  # rank 0 only
