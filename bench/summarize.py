@@ -1,8 +1,22 @@
-"""Markdown table of a pytest-benchmark JSON: median per impl and group, and ratios to dcoco's forward."""
+"""Markdown tables of a pytest-benchmark JSON: median per impl and group, as ratios to the first column
+(the forward groups: dcoco with the table; the train groups: dcoco::score forward)."""
 
 import json
 import sys
 from collections import defaultdict
+
+
+FORWARD = ["dcoco_table", "dcoco", "torch_table", "torch", "reference"]
+TRAIN = ["dcoco_forward", "dcoco_backward", "dcoco_forward_backward", "torch_forward", "torch_forward_backward"]
+
+
+def table(groups: dict, names: list[str], impls: list[str], base: str) -> None:
+    print(f"| group | " + " | ".join(impls) + " |")
+    print("|---" * (len(impls) + 1) + "|")
+    for group in names:
+        row = groups[group]
+        cells = [f"{row[i] * 1e3:.2f} ({row[i] / row[base]:.1f}x)" if i in row else "-" for i in impls]
+        print(f"| {group} | " + " | ".join(cells) + " |")
 
 
 def main(path: str) -> None:
@@ -10,16 +24,15 @@ def main(path: str) -> None:
     groups = defaultdict(dict)
     for b in data["benchmarks"]:
         groups[b["group"]][b["extra_info"]["impl"]] = b["stats"]["median"]
-    impls = ["dcoco_table", "dcoco", "torch_table", "torch", "reference"]
+    order = sorted(groups, key=lambda g: (" cuda" in g, int(g.split("=")[1].split()[0])))
     print(f"{data['machine_info']['cpu']['brand_raw']}, {data['datetime'][:10]}, torch threads "
-          f"{data['benchmarks'][0]['extra_info']['threads']}; median ms (x slower than dcoco_table)\n")
-    print("| group | " + " | ".join(impls) + " |")
-    print("|---" * (len(impls) + 1) + "|")
-    for group in sorted(groups, key=lambda g: (" cuda" in g, int(g.split("=")[1].split()[0]))):
-        row = groups[group]
-        base = row["dcoco_table"]
-        cells = [f"{row[i] * 1e3:.2f} ({row[i] / base:.1f}x)" if i in row else "-" for i in impls]
-        print(f"| {group} | " + " | ".join(cells) + " |")
+          f"{data['benchmarks'][0]['extra_info']['threads']}; median ms (x of the first column)\n")
+    forward = [g for g in order if g.startswith("forward")]
+    train = [g for g in order if g.startswith("train")]
+    if forward:
+        table(groups, forward, FORWARD, "dcoco_table")
+    if train:
+        table(groups, train, TRAIN, "dcoco_forward")
 
 
 if __name__ == "__main__":

@@ -8,17 +8,23 @@
 //   pred = W1_a z + w_la l   succ = W1_b z + w_lb l   u_p = W1_s (P_p + Q_{p+1}) + b1
 //   S_p(a,b) = l_{p+1}(b) + b2 + w2 . gelu(u_p + pred_pa + succ_{p+1,b})
 #include <algorithm>
+#include <type_traits>
 #include <vector>
 
 #include "common.h"
 #include "dcoco/api.h"
 #include "grad_kernels.h"
+#include "kernels.h"
 
 namespace dcoco::cpu {
 namespace {
 
 constexpr int64_t kRows = 32;  // rows per task
 constexpr int64_t kCols = 64;  // columns of a weight gradient per task
+
+// Row stride of a staging buffer of w-wide rows: 64 bytes more than a multiple of 4 KiB would place row
+// starts, which would otherwise all fall into the same L1 sets.
+constexpr int64_t padded(int64_t w) { return w + 16; }
 
 // f(i0, m) over [0,n) in blocks of kRows rows.
 template <class F>
@@ -34,7 +40,7 @@ void weight_grad(int64_t M, int64_t N, int64_t Kd, const T* D, int64_t ldd, Rows
   parallel_for((Kd + kCols - 1) / kCols, [&](int64_t c) {
     const int64_t k0 = c * kCols, w = std::min(kCols, Kd - k0);
     thread_local std::vector<T> buf;
-    buf.resize(kSpan * kCols);
+    buf.resize(kSpan * padded(kCols));
     for (int64_t m0 = 0; m0 < M; m0 += kSpan) {
       const int64_t m = std::min(kSpan, M - m0);
       int64_t ld = w;
@@ -56,13 +62,12 @@ void convert(const void* src, DType t, int64_t i0, int64_t n, T* out) {
   }
 }
 
-// Rows of a dense X copied into the contiguous chunk buffer: rows of X lie d apart, a multiple of 4 KiB, and
-// would all fall into the same L1 sets.
+// Rows of a dense X copied into the chunk buffer (rows of X lie d apart, a multiple of 4 KiB).
 template <class T>
 auto dense(const T* X, int64_t ldx) {
   return [=](int64_t m0, int64_t m, int64_t k0, int64_t w, T* buf, int64_t* ld) {
-    for (int64_t i = 0; i < m; ++i) std::copy(X + (m0 + i) * ldx + k0, X + (m0 + i) * ldx + k0 + w, buf + i * w);
-    *ld = w;
+    *ld = padded(w);
+    for (int64_t i = 0; i < m; ++i) std::copy(X + (m0 + i) * ldx + k0, X + (m0 + i) * ldx + k0 + w, buf + i * *ld);
     return static_cast<const T*>(buf);
   };
 }
@@ -90,6 +95,38 @@ class Scratch {
   size_t next_ = 0;
 };
 
+// Y(m,N) = X(m,Kd) W(N,Kd)^T, the d-wide projections' hot loop, for m <= kRows rows of X read from src
+// (dtype t) at element offsets rows[j]: floats go straight into the forward's lane-block kernel
+// (kernels.h), doubles through a converted copy into the generic one.
+template <class T>
+void project(int64_t m, int64_t N, int64_t Kd, const void* src, DType t, const int64_t* rows, const T* W,
+             int64_t ldw, T* Y, int64_t ldy) {
+  thread_local std::vector<T> x;
+  if constexpr (std::is_same_v<T, float>) {
+    static_assert(kRows == kLanes);
+    x.resize(Kd * kLanes);
+    auto lanes = [&](auto load) {
+      for (int64_t k = 0; k < Kd; ++k) {
+        float* out = x.data() + k * kLanes;
+        for (int64_t j = 0; j < m; ++j) out[j] = load(rows[j] + k);
+        std::fill(out + m, out + kLanes, 0.f);
+      }
+    };
+    const auto* h = static_cast<const uint16_t*>(src);
+    if (t == DType::bf16)
+      lanes([h](int64_t i) { return bf16_to_float(h[i]); });
+    else if (t == DType::f16)
+      lanes([h](int64_t i) { return f16_to_float(h[i]); });
+    else
+      lanes([src](int64_t i) { return static_cast<const float*>(src)[i]; });
+    project_t({x.data(), kLanes}, m, {W, ldw}, N, Kd, Y, ldy);
+  } else {
+    x.resize(m * padded(Kd));
+    for (int64_t j = 0; j < m; ++j) convert(src, t, rows[j], Kd, x.data() + j * padded(Kd));
+    nt(m, N, Kd, x.data(), padded(Kd), W, ldw, Y, ldy);
+  }
+}
+
 template <class T>
 void run(const GradParams<T>& p) {
   require(p.R >= 0 && p.B >= 1 && p.K >= 1 && p.d >= 1 && p.V >= 1 && p.r >= 2 && p.H >= 1,
@@ -115,8 +152,8 @@ void run(const GradParams<T>& p) {
   parallel_for(S, [&](int64_t i) { convert(p.hidden, p.hidden_dtype, i * d, d, &h[i * d]); });
   convert(p.cand_logits, p.logits_dtype, 0, C, l);
   auto embed_rows = [&](int64_t m0, int64_t m, int64_t k0, int64_t w, T* buf, int64_t* ld) {
-    for (int64_t i = 0; i < m; ++i) convert(p.embed, p.embed_dtype, ids[m0 + i] * d + k0, w, buf + i * w);
-    *ld = w;
+    *ld = padded(w);
+    for (int64_t i = 0; i < m; ++i) convert(p.embed, p.embed_dtype, ids[m0 + i] * d + k0, w, buf + i * *ld);
     return static_cast<const T*>(buf);
   };
 
@@ -124,17 +161,17 @@ void run(const GradParams<T>& p) {
   T *g = sc.raw(S * r), *P = sc.raw(S * r), *Q = sc.raw(S * r), *inv_g = sc.raw(S), *b = sc.raw(C * r),
     *inv_b = sc.raw(C);
   blocks(S, [&](int64_t i0, int64_t m) {
-    nt(m, r, d, &h[i0 * d], d, w.ctx_proj, d, &g[i0 * r], r);
-    nt(m, r, d, &h[i0 * d], d, w.pair_proj, 2 * d, &P[i0 * r], r);
-    nt(m, r, d, &h[i0 * d], d, w.pair_proj + d, 2 * d, &Q[i0 * r], r);
+    int64_t rows[kRows];
+    for (int64_t j = 0; j < m; ++j) rows[j] = (i0 + j) * d;
+    project(m, r, d, p.hidden, p.hidden_dtype, rows, w.ctx_proj, d, &g[i0 * r], r);
+    project(m, r, d, p.hidden, p.hidden_dtype, rows, w.pair_proj, 2 * d, &P[i0 * r], r);
+    project(m, r, d, p.hidden, p.hidden_dtype, rows, w.pair_proj + d, 2 * d, &Q[i0 * r], r);
     for (int64_t i = i0; i < i0 + m; ++i) inv_g[i] = layer_norm(&g[i * r], int(r), nullptr, nullptr);
   });
   blocks(C, [&](int64_t c0, int64_t m) {
-    thread_local std::vector<T> e;
-    e.resize(kRows * d);
-    int64_t ld;
-    const T* x = embed_rows(c0, m, 0, d, e.data(), &ld);
-    nt(m, r, d, x, d, w.cand_proj, d, &b[c0 * r], r);
+    int64_t rows[kRows];
+    for (int64_t j = 0; j < m; ++j) rows[j] = ids[c0 + j] * d;
+    project(m, r, d, p.embed, p.embed_dtype, rows, w.cand_proj, d, &b[c0 * r], r);
     for (int64_t c = c0; c < c0 + m; ++c) inv_b[c] = layer_norm(&b[c * r], int(r), nullptr, nullptr);
   });
   T *gf = sc.raw(S * r), *zhat = sc.raw(C * r), *z = sc.raw(C * r), *inv_z = sc.raw(C);

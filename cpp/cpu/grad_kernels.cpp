@@ -82,16 +82,41 @@ DCOCO_INLINE void nt_body(int64_t M, int64_t N, int64_t Kd, const T* X, int64_t 
     }
 }
 
+// Y(4 rows, 32 columns) += X(4 rows, Kd) W(Kd, 32 columns): the Y tile stays in registers over Kd.
+constexpr int64_t kNnCols = 32;
+
+template <class T>
+DCOCO_INLINE void nn_tile(int64_t Kd, const T* X, int64_t ldx, const T* W, int64_t ldw, T* Y, int64_t ldy) {
+  using V = typename Vec<T>::type;
+  constexpr int64_t L = Vec<T>::lanes, J = kNnCols / L;
+  V acc[4][J];
+  for (int i = 0; i < 4; ++i)
+    for (int j = 0; j < J; ++j) acc[i][j] = Vec<T>::load(Y + i * ldy + j * L);
+  for (int64_t k = 0; k < Kd; ++k) {
+    V w[J];
+    for (int j = 0; j < J; ++j) w[j] = Vec<T>::load(W + k * ldw + j * L);
+    for (int i = 0; i < 4; ++i) {
+      const T a = X[i * ldx + k];
+      for (int j = 0; j < J; ++j) acc[i][j] += a * w[j];
+    }
+  }
+  for (int i = 0; i < 4; ++i)
+    for (int j = 0; j < J; ++j) std::memcpy(Y + i * ldy + j * L, &acc[i][j], sizeof(V));
+}
+
 template <class T>
 DCOCO_INLINE void nn_body(int64_t M, int64_t N, int64_t Kd, const T* X, int64_t ldx, const T* W, int64_t ldw, T* Y,
                           int64_t ldy) {
-  for (int64_t m = 0; m < M; ++m) {
+  const int64_t M4 = M / 4 * 4, N32 = N / kNnCols * kNnCols;
+  for (int64_t m = 0; m < M4; m += 4)
+    for (int64_t n = 0; n < N32; n += kNnCols) nn_tile(Kd, X + m * ldx, ldx, W + n, ldw, Y + m * ldy + n, ldy);
+  for (int64_t m = 0; m < M; ++m) {  // the edges
     T* y = Y + m * ldy;
     for (int64_t k = 0; k < Kd; ++k) {
       const T a = X[m * ldx + k];
       const T* w = W + k * ldw;
 #pragma omp simd
-      for (int64_t n = 0; n < N; ++n) y[n] += a * w[n];
+      for (int64_t n = m < M4 ? N32 : 0; n < N; ++n) y[n] += a * w[n];
     }
   }
 }
