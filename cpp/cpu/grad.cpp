@@ -22,8 +22,8 @@ namespace {
 constexpr int64_t kRows = 32;  // rows per task
 constexpr int64_t kCols = 64;  // columns of a weight gradient per task
 
-// Row stride of a staging buffer of w-wide rows: 64 bytes more than a multiple of 4 KiB would place row
-// starts, which would otherwise all fall into the same L1 sets.
+// Row stride of a staging buffer of w-wide rows, padded by 64 bytes: unpadded, rows of a power-of-two width
+// start a multiple of 4 KiB apart and all fall into the same L1 sets.
 constexpr int64_t padded(int64_t w) { return w + 16; }
 
 // f(i0, m) over [0,n) in blocks of kRows rows.
