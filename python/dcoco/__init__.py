@@ -5,6 +5,8 @@ See SPEC.md of the project for the math. Public API:
   select            path selection on a score grid (greedy, global, geometric)
   correction_loss   the paper's L_corr (eq. 9) on a score grid
   DFlashDrafter     the DFlash drafter (DFlashConfig, dflash_loss), z-lab checkpoint layout
+  dcoco.spec        the offline speculative-decoding engine (Engine, target_only, summarize)
+  dcoco.training    dcoco train's Python API (corpus, modes, DDP, checkpoints)
   cuda_available()  whether the compiled CUDA path can run here
 """
 

@@ -1,0 +1,231 @@
+"""The speculative-decoding engine: greedy losslessness (DFlash and DCOCO, every rule), KV-cache cropping, eos and
+max_new_tokens edges, sampling losslessness (chi-square against the target's exact marginals) and the metrics.
+Tiny random Llama targets in memory; drafters are a random DFlashDrafter (almost every draft rejected) and a
+scripted one that drafts chosen tokens (long accepted runs, full-block acceptance, chosen rejections)."""
+
+from __future__ import annotations
+
+import itertools
+
+import pytest
+import torch
+
+pytest.importorskip("transformers", reason="the engine needs transformers (pip install '.[demo]')")
+
+from scipy import stats  # noqa: E402
+
+from dcoco.corrector import Corrector  # noqa: E402
+from dcoco.dflash import DFlashConfig, DFlashDrafter  # noqa: E402
+from dcoco.spec import KS, Engine, probs, summarize, target_only  # noqa: E402
+
+BS = 6  # block size: 5 drafted slots, so max_new_tokens 7 and 23 are not multiples of it
+PROMPTS = ([3, 17, 5, 9], [40, 2, 2, 11, 60, 7, 1, 33])
+
+
+def llama(vocab: int, seed: int):
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    torch.manual_seed(seed)
+    cfg = LlamaConfig(vocab_size=vocab, hidden_size=64, intermediate_size=128, num_hidden_layers=4,
+                      num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256, eos_token_id=None,
+                      bos_token_id=None, pad_token_id=None, tie_word_embeddings=True, initializer_range=0.4)
+    return LlamaForCausalLM(cfg).eval()
+
+
+def dflash_cfg(vocab: int) -> DFlashConfig:
+    return DFlashConfig(hidden_size=64, intermediate_size=128, num_hidden_layers=1, num_attention_heads=4,
+                        num_key_value_heads=2, vocab_size=vocab, mask_token_id=0, target_layer_ids=[0, 2],
+                        num_target_layers=4, block_size=BS)
+
+
+class Scripted(DFlashDrafter):
+    """Drafts script(anchor, context_len) -> B ids: the hidden states are chosen so that the target's LM head
+    (V <= d: W pinv(W) = I) gives exactly 3 at the scripted token plus seeded noise below it (the other
+    candidates)."""
+
+    def __init__(self, head: torch.Tensor, script):
+        super().__init__(dflash_cfg(head.shape[0]))
+        self.pinv, self.script = torch.linalg.pinv(head), script
+
+    def draft(self, anchor_ids, target_hidden, embed, context_len=None):
+        C, V = target_hidden.shape[1], self.pinv.shape[1]
+        want = torch.tensor(self.script(int(anchor_ids[0]), C))
+        logits = torch.rand(BS - 1, V, generator=torch.Generator().manual_seed(C))
+        logits[torch.arange(BS - 1), want] = 3.0
+        h = logits @ self.pinv.T
+        return torch.cat([torch.zeros(1, h.shape[1]), h])[None]
+
+
+def corrector(seed: int = 0) -> Corrector:
+    torch.manual_seed(seed)
+    c = Corrector(64, num_candidates=8, width=16, mlp_hidden=32)
+    torch.nn.init.normal_(c.mlp[2].weight, std=4.0)  # non-zero: it does re-pick candidates
+    return c.eval()
+
+
+@pytest.fixture(scope="module")
+def target():
+    return llama(64, 0)
+
+
+@pytest.fixture(scope="module")
+def refs(target):
+    """Target-only greedy continuation (40 tokens) of each prompt."""
+    return [target_only(target, p, 40, eos_token_id=None).tokens for p in PROMPTS]
+
+
+@pytest.fixture(scope="module")
+def oracle(target):
+    """Drafts oracle.seq (set it to prompt + greedy reference) after the anchor, one slot wrong every third round."""
+    def script(anchor: int, C: int) -> list[int]:
+        assert d.seq[C] == anchor
+        out = (d.seq[C + 1:C + BS] + [0] * BS)[:BS - 1]
+        if C % 3 == 0:
+            out[C % (BS - 1)] = (out[C % (BS - 1)] + 1) % 64
+        return out
+
+    d = Scripted(target.get_output_embeddings().weight.detach(), script)
+    return d
+
+
+def engines(target, drafter):
+    yield Engine(target, drafter, eos_token_id=None)
+    for rule in ("greedy", "global", "geometric"):
+        yield Engine(target, drafter, corrector(), rule=rule, num_candidates=8, eos_token_id=None)
+
+
+@pytest.mark.parametrize("kind", ["random", "oracle"])
+def test_greedy_matches_target_only(target, refs, oracle, kind):
+    torch.manual_seed(1)
+    drafter = oracle if kind == "oracle" else DFlashDrafter(dflash_cfg(64)).eval()
+    taus = []
+    for eng in engines(target, drafter):
+        results = []
+        for p, ref in zip(PROMPTS, refs):
+            oracle.seq = p + ref
+            for n in (1, 2, 7, 23, 40):
+                r = eng.generate(p, n)
+                assert r.tokens == ref[:n], (eng.rule, eng.corrector is not None, p, n)
+                results.append(r)
+        s = summarize(results)
+        assert s["tau"] >= 1
+        taus.append(s["tau"])
+        if kind == "oracle" and eng.corrector is None:
+            assert s["tau"] > 2.5 and s["accept_counts"][-1] > 0  # full blocks accepted, so bonus tokens too
+    if kind == "oracle":
+        assert all(t < taus[0] for t in taus[1:])  # the corrector did re-pick (here always for the worse)
+
+
+def test_cache_cropping_matches_full_recompute(target, refs, oracle):
+    """Greedy by recomputing the whole sequence each step (no cache at all) = the engine's cached decode."""
+    p, ids = PROMPTS[1], list(PROMPTS[1])
+    oracle.seq = p + refs[1]
+    with torch.no_grad():
+        for _ in range(40):
+            ids.append(int(target(torch.tensor([ids])).logits[0, -1].argmax()))
+    assert Engine(target, oracle, eos_token_id=None).generate(p, 40).tokens == ids[len(p):]
+
+
+def test_eos_stops(target, refs, oracle):
+    eos = refs[0][9]
+    stop = refs[0].index(eos) + 1
+    base = target_only(target, PROMPTS[0], 40, eos_token_id=eos).tokens
+    assert base == refs[0][:stop]
+    oracle.seq = PROMPTS[0] + refs[0]
+    for eng in (Engine(target, oracle, eos_token_id=[eos, 63]), Engine(target, oracle, corrector(), eos_token_id=eos)):
+        assert eng.generate(PROMPTS[0], 40).tokens == base
+
+
+def test_metrics_consistent(target, refs, oracle):
+    oracle.seq = PROMPTS[0] + refs[0]
+    rs = Engine(target, oracle, corrector(), num_candidates=8, eos_token_id=None).generate_batch([PROMPTS[0]] * 2, 31)
+    for r in rs:
+        assert len(r.tokens) == 1 + sum(r.committed) == 31
+        assert all(c == a + 1 for c, a in zip(r.committed, r.accepted))
+        assert (r.cover_hits <= r.cover_seen[:, None]).all()
+        assert (r.cover_hits[:, 1:] >= r.cover_hits[:, :-1]).all()  # monotone in k
+        assert r.rounds - 1 <= r.cover_seen[0] <= r.rounds  # a last round with one token left drafts nothing
+    s = summarize(rs)
+    acc = s["accept_counts"]
+    assert s["tau"] == pytest.approx(sum(sum(r.committed) for r in rs) / s["rounds"]) and s["tau"] >= 1
+    assert all(x >= y for x, y in zip(acc, acc[1:])) and sum(acc) == sum(sum(r.accepted) for r in rs)
+    assert s["coverage_seen"][0] <= s["rounds"] and s["tokens_per_s"] > 0
+    for i in range(BS - 1):
+        cov = [s["coverage"][k][i] for k in KS]
+        assert cov == [None] * len(KS) if s["coverage_seen"][i] == 0 else all(x <= y for x, y in zip(cov, cov[1:]))
+
+
+def test_deterministic_sampling(target):
+    torch.manual_seed(2)
+    eng = Engine(target, DFlashDrafter(dflash_cfg(64)).eval(), corrector(), eos_token_id=None)
+    a, b = (eng.generate(PROMPTS[0], 20, temperature=0.8, top_p=0.9, generator=torch.Generator().manual_seed(5))
+            for _ in range(2))
+    assert a.tokens == b.tokens
+
+
+def _exact_marginals(model, prompt: list[int], steps: int, **kw) -> list[torch.Tensor]:
+    """The target's distribution of each generated token t_1..t_steps (marginalised over earlier ones)."""
+    V = model.config.vocab_size
+    joint = torch.ones(1)  # over all prefixes of the generated tokens so far, in itertools.product order
+    out = []
+    with torch.no_grad():
+        for s in range(steps):
+            seqs = torch.tensor([prompt + list(t) for t in itertools.product(range(V), repeat=s)])
+            q = probs(model(seqs).logits[:, -1].double(), **kw)
+            joint = (joint[:, None] * q).reshape(-1)
+            out.append(joint.view(-1, V).sum(0))
+    return out
+
+
+def _chi2_p(counts: torch.Tensor, expected: torch.Tensor) -> float:
+    """Chi-square p-value, with cells expecting < 5 pooled; a count where the target has zero mass fails."""
+    assert counts[expected == 0].sum() == 0
+    big = expected >= 5
+    obs = torch.cat([counts[big], counts[~big].sum()[None]]).double()
+    exp = torch.cat([expected[big], expected[~big].sum()[None]]).double()
+    keep = exp > 0
+    return float(stats.chisquare(obs[keep], exp[keep] * obs.sum() / exp[keep].sum()).pvalue)
+
+
+@pytest.mark.parametrize("with_corrector", [False, True])
+def test_sampling_lossless(with_corrector):
+    V, prompt, kw, n = 12, [1, 5, 3], dict(temperature=0.9, top_p=0.95, top_k=0), 1500
+    model = llama(V, 3)
+    with torch.no_grad():  # round 1 drafts the target's mode, or its second choice after odd anchors
+        q1 = probs(model(torch.tensor([[*prompt, a] for a in range(V)])).logits[:, -1], **kw)
+        y1 = q1.topk(2, -1).indices[torch.arange(V), torch.arange(V) % 2]
+        y2 = probs(model(torch.tensor([[*prompt, a, int(y1[a])] for a in range(V)])).logits[:, -1], **kw).argmax(-1)
+
+    def script(anchor: int, C: int) -> list[int]:
+        first = [int(y1[anchor]), int(y2[anchor])] if C == len(prompt) else [C % V, (C + 1) % V]
+        return (first + [0] * BS)[:BS - 1]
+
+    drafter = Scripted(model.get_output_embeddings().weight.detach(), script)
+    eng = Engine(model, drafter, corrector(4) if with_corrector else None, num_candidates=4, eos_token_id=None)
+    gen = torch.Generator().manual_seed(0)
+    samples = torch.tensor([eng.generate(prompt, 4, generator=gen, **kw).tokens for _ in range(n)])
+    for s, q in enumerate(_exact_marginals(model, prompt, 4, **kw)):
+        p = _chi2_p(torch.bincount(samples[:, s], minlength=V), q * n)
+        assert p > 0.01, (s, p)
+
+
+@pytest.mark.parametrize("kw, name", [
+    (dict(max_new_tokens=0), "max_new_tokens"), (dict(temperature=-1.0), "temperature"),
+    (dict(temperature=float("nan")), "temperature"), (dict(top_p=0.0), "top_p"), (dict(top_k=-1), "top_k"),
+    (dict(prompt_ids=[]), "prompt_ids"), (dict(prompt_ids=[64]), "prompt_ids")])
+def test_bad_arguments(target, kw, name):
+    eng = Engine(target, DFlashDrafter(dflash_cfg(64)), eos_token_id=None)
+    args = {"prompt_ids": [1, 2], "max_new_tokens": 4, **kw}
+    with pytest.raises(ValueError, match=name):
+        eng.generate(**args)
+    with pytest.raises(ValueError, match=name):
+        target_only(target, **args)
+
+
+def test_bad_engine(target):
+    with pytest.raises(ValueError, match="drafter: vocab_size"):
+        Engine(target, DFlashDrafter(dflash_cfg(32)))
+    with pytest.raises(ValueError, match="rule"):
+        Engine(target, DFlashDrafter(dflash_cfg(64)), rule="best")
+    with pytest.raises(ValueError, match="num_candidates"):
+        Engine(target, DFlashDrafter(dflash_cfg(64)), num_candidates=0)
