@@ -229,3 +229,65 @@ def test_bad_engine(target):
         Engine(target, DFlashDrafter(dflash_cfg(64)), rule="best")
     with pytest.raises(ValueError, match="num_candidates"):
         Engine(target, DFlashDrafter(dflash_cfg(64)), num_candidates=0)
+
+
+class Runner(Scripted):
+    """Drafts seq (prompt + greedy reference) after the anchor with slot C % (BS-1) wrong when C % 4 == 0, the
+    reference token then at rank 1; every other candidate is noise below both."""
+
+    def __init__(self, head: torch.Tensor):
+        super().__init__(head, None)
+
+    def draft(self, anchor_ids, target_hidden, embed, context_len=None):
+        C, V = target_hidden.shape[1], self.pinv.shape[1]
+        true = torch.tensor((self.seq[C + 1:C + BS] + [0] * BS)[:BS - 1])
+        want = true.clone()
+        if C % 4 == 0:  # not 3: full rounds step C by BS = 6
+            want[C % (BS - 1)] = (want[C % (BS - 1)] + 1) % V
+        logits = torch.rand(BS - 1, V, generator=torch.Generator().manual_seed(C))
+        logits[torch.arange(BS - 1), true] = 2.5
+        logits[torch.arange(BS - 1), want] = 3.0
+        h = logits @ self.pinv.T
+        return torch.cat([torch.zeros(1, h.shape[1]), h])[None]
+
+
+@pytest.mark.parametrize("with_corrector", [False, True])
+def test_oracle_metrics_exact(target, refs, with_corrector):
+    """Per round: the plain engine accepts up to the wrong slot j; any-candidate oracle takes all n drafts; the
+    prefix-first one too unless j is slot 1. A fresh corrector (Delta = 0) keeps rank 0, so its transition hits
+    are the pairs whose successor is not the wrong slot."""
+    drafter = Runner(target.get_output_embeddings().weight.detach())
+    corr = Corrector(64, num_candidates=8, width=16, mlp_hidden=32).eval() if with_corrector else None
+    eng = Engine(target, drafter, corr, num_candidates=8, eos_token_id=None)
+    results = []
+    for p, ref in zip(PROMPTS, refs):
+        drafter.seq = p + ref
+        for max_new in (23, 40):
+            r = eng.generate(p, max_new, reference=ref)
+            assert r.tokens == ref[:max_new] and len(r.oracle_walk) == r.rounds
+            L, pairs, wrong_succ = 1, 0, 0
+            for c, a, w, f in zip(r.committed, r.accepted, r.oracle_walk, r.oracle_prefix):
+                n, C = min(BS - 1, max_new - L - 1), len(p) + L - 1
+                j = C % (BS - 1) if C % 4 == 0 and C % (BS - 1) < n else None
+                assert (a, w, f) == ((j, n + 1, n + 1 if j else 1) if j is not None else (n, n + 1, n + 1))
+                pairs += max(n - 1, 0)
+                wrong_succ += bool(j)
+                L += c
+            assert (r.trans_seen, r.trans_hits) == ((pairs, pairs - wrong_succ) if with_corrector else (0, 0))
+            results.append(r)
+    s = summarize(results)
+    assert s["oracle_rounds"] == s["rounds"]
+    assert s["tau_oracle_walk"] >= s["tau_oracle_prefix_first"] > s["tau"]
+    assert (s["transition_hit_rate"] is not None) == with_corrector
+
+
+def test_oracle_bounds_random_drafter(target, refs):
+    """A random drafter: per round, committed <= prefix-first oracle <= oracle walk."""
+    torch.manual_seed(4)
+    eng = Engine(target, DFlashDrafter(dflash_cfg(64)).eval(), eos_token_id=None)
+    for p, ref in zip(PROMPTS, refs):
+        r = eng.generate(p, 40, reference=ref)
+        assert all(c <= f <= w for c, f, w in zip(r.committed, r.oracle_prefix, r.oracle_walk))
+    assert summarize([eng.generate(PROMPTS[0], 40)])["tau_oracle_walk"] is None  # no reference, no oracle
+    with pytest.raises(ValueError, match="reference"):
+        eng.generate(PROMPTS[0], 4, temperature=1.0, reference=refs[0])

@@ -16,6 +16,8 @@ def parser() -> argparse.ArgumentParser:
     demo.add_argument("--json", metavar="FILE", help="also write the results as JSON")
     sub.add_parser("info", help="how dcoco was built and which devices it sees")
     _train_parser(sub.add_parser("train", help="train a DFlash drafter and/or the corrector (works under torchrun)"))
+    _eval_parser(sub.add_parser("eval", help="tau, oracle tau, coverage and tokens/s over prompt suites, against "
+                                             "target-only decoding in the same run"))
     return ap
 
 
@@ -74,6 +76,29 @@ def _train_parser(p: argparse.ArgumentParser) -> None:
     g.add_argument("--no-progress", action="store_true")
 
 
+def _eval_parser(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--drafter", required=True, help="DFlash or DCOCO serving checkpoint directory")
+    p.add_argument("--target", default="smollm2",
+                   help="'smollm2' (embedded, the default) or a transformers causal LM path")
+    p.add_argument("--no-corrector", action="store_true", help="run the checkpoint's drafter without its corrector")
+    p.add_argument("--rule", choices=("greedy", "global", "geometric"),
+                   help="corrector path rule (default: the checkpoint's selection, else greedy)")
+    p.add_argument("--lam", type=float, default=0.75, help="geometric weight (%(default)s)")
+    p.add_argument("--candidates", type=int, help="K per slot (default: the checkpoint's, else 16)")
+    p.add_argument("--suites", nargs="+", help="folders of *.jsonl suites or .jsonl files "
+                                               "(default: ../shared/data/eval next to the repository)")
+    p.add_argument("--hub", action="store_true", help="fetch suites from the Hugging Face hub (not supported yet)")
+    p.add_argument("--rows", type=int, default=8, help="first rows per suite (%(default)s)")
+    p.add_argument("--max-new-tokens", type=int, default=64, help="(%(default)s)")
+    p.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (%(default)s)")
+    p.add_argument("--top-p", type=float, default=1.0, help="(%(default)s)")
+    p.add_argument("--top-k", type=int, default=0, help="0 = off (%(default)s)")
+    p.add_argument("--seed", type=int, default=0, help="sampling seed (%(default)s)")
+    p.add_argument("--device", default="cpu")
+    p.add_argument("--out", default="dcoco-eval", help="folder for results.json and plots (%(default)s)")
+    p.add_argument("--no-progress", action="store_true")
+
+
 def train_options(args: argparse.Namespace) -> tuple:
     """(TrainConfig, keyword arguments of recipe.run) from parsed `dcoco train` arguments."""
     from .training import TrainConfig
@@ -101,6 +126,19 @@ def main(argv=None) -> int:
         cfg, kw = train_options(args)
         recipe.run(cfg, **kw)
         return 0
+    if args.cmd == "eval":
+        from . import evaluate
+        if args.hub:
+            raise SystemExit("dcoco eval: --hub is not supported yet; download the suites (JSONL of "
+                             "{\"turns\": [...]} lines) and pass them with --suites")
+        try:
+            res = evaluate.run(args.drafter, args.target, args.suites, args.rows, args.max_new_tokens,
+                               args.temperature, args.top_p, args.top_k, corrector=not args.no_corrector,
+                               rule=args.rule, lam=args.lam, num_candidates=args.candidates, seed=args.seed,
+                               device=args.device, out=args.out, progress=not args.no_progress)
+        except ValueError as e:
+            raise SystemExit(f"dcoco eval: {e}") from None
+        return 0 if res["lossless"] is not False else 1
     from . import demo as demo_mod
     res = demo_mod.run(args.prompt, args.device)
     demo_mod.show(res)

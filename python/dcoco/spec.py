@@ -34,13 +34,22 @@ class Result:
     committed / drafts accepted in round r (committed = accepted + 1 unless an eos cut it).
     cover_hits (B,len(KS)): rounds where slot i's verified token was in the drafter's top-KS[j]; cover_seen (B,):
     rounds where slot i was verified with its whole prefix accepted. The first token comes from the prefill,
-    not a round; target-only decodes have no rounds."""
+    not a round; target-only decodes have no rounds.
+    With a greedy reference (Engine.generate), per round while the decode still follows it: oracle_walk /
+    oracle_prefix, the tokens an oracle choosing among the top-K candidates would commit (any candidate at
+    every slot / slot 1 fixed at rank 0, the prefix-first corrector's ceiling); trans_hits / trans_seen, the
+    adjacent slot pairs with both reference tokens in the top-K, and those where the corrector's
+    argmax_b S_p(a*, b) given the reference rank a* is the reference rank b* (teacher-forced)."""
     tokens: list[int]
     committed: list[int]
     accepted: list[int]
     cover_hits: torch.Tensor
     cover_seen: torch.Tensor
     seconds: float
+    oracle_walk: list[int] = dataclasses.field(default_factory=list)
+    oracle_prefix: list[int] = dataclasses.field(default_factory=list)
+    trans_hits: int = 0
+    trans_seen: int = 0
 
     @property
     def rounds(self) -> int:
@@ -167,19 +176,44 @@ class Engine:
         if corrector is not None and rule == "greedy":
             corrector.prepare_inference(self.embed)
 
-    def _draft(self, anchor: int, ctx: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """Drafted tokens (B,) and the candidate ids (B,top) for the block after anchor; ctx (1,C,n*d)."""
+    def _draft(self, anchor: int, ctx: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        """For the block after anchor, ctx (1,C,n*d): drafted tokens (B,), the candidates' ids and logits
+        (B,top) sorted by logit, and the drafter's hidden states (1,B,d) in the embedding's dtype."""
         h = self.drafter.draft(torch.tensor([anchor], device=ctx.device), ctx, self.embed)[:, 1:]  # (1,B,d)
         logits = DFlashDrafter.compute_logits(h, self.head)
         top = logits.float().topk(self.top, -1)
         ids, vals = top.indices[..., :self.K], top.values[..., :self.K]
-        if self.corrector is None:
-            return ids[0, :, 0], top.indices[0]
         hc = h.to(self.embed.dtype)
-        if self.rule == "greedy":
-            return self.corrector(hc, ids, vals, self.embed)[1][0], top.indices[0]
-        ranks = select(self.corrector.score(hc, ids, vals, self.embed), vals[:, 0], self.rule, self.lam)
-        return ids.gather(2, ranks[..., None])[0, :, 0], top.indices[0]
+        if self.corrector is None:
+            drafted = ids[0, :, 0]
+        elif self.rule == "greedy":
+            drafted = self.corrector(hc, ids, vals, self.embed)[1][0]
+        else:
+            ranks = select(self.corrector.score(hc, ids, vals, self.embed), vals[:, 0], self.rule, self.lam)
+            drafted = ids.gather(2, ranks[..., None])[0, :, 0]
+        return drafted, top.indices[0], top.values[0], hc
+
+    def _oracle(self, ref: list[int], left: int, ids: torch.Tensor, vals: torch.Tensor,
+                hc: torch.Tensor) -> tuple[int, int, int, int]:
+        """(oracle-walk committed, prefix-first committed, transition hits, transitions seen) for one round.
+        ref: the verifier's greedy tokens at the verified slots (at most n); left: reference tokens still to
+        come (ref and one more; the reference ends at eos or its length cap, so a commit never passes it);
+        ids / vals (B,top), hc (1,B,d) from _draft."""
+        m = len(ref)
+        cand = ids[:m, :self.K]
+        match = cand == torch.tensor(ref, dtype=cand.dtype, device=cand.device)[:, None]  # (m,K)
+        walk = int(match.any(1).cumprod(0).sum())
+        first = walk if m and bool(match[0, 0]) else 0
+        hits = seen = 0
+        if self.corrector is not None and m > 1:
+            rank = torch.where(match.any(1), match.int().argmax(1), -1)  # -1: not in the top-K
+            both = ((rank[:-1] >= 0) & (rank[1:] >= 0)).nonzero()[:, 0]
+            if len(both):
+                K = self.K
+                s = self.corrector.score(hc[:, :m], ids[None, :m, :K], vals[None, :m, :K], self.embed)[0]
+                best = s[both, rank[both]].argmax(-1)  # first max: ties go to the lower rank, as in selection
+                hits, seen = int((best == rank[both + 1]).sum()), len(both)
+        return min(walk + 1, left), min(first + 1, left), hits, seen
 
     def _verify(self, drafts: list[int], logits: torch.Tensor, temperature: float, top_p: float, top_k: int,
                 generator: torch.Generator | None) -> list[int]:
@@ -203,13 +237,28 @@ class Engine:
 
     @torch.no_grad()
     def generate(self, prompt_ids: list[int], max_new_tokens: int, temperature: float = 0.0, top_p: float = 1.0,
-                 top_k: int = 0, generator: torch.Generator | None = None) -> Result:
+                 top_k: int = 0, generator: torch.Generator | None = None,
+                 reference: Sequence[int] | None = None) -> Result:
         """Decode one prompt; never commits more than max_new_tokens, stops after eos. Deterministic given the
-        generator's seed (sampling draws only from it, on the CPU)."""
+        generator's seed (sampling draws only from it, on the CPU).
+
+        reference (greedy only): the target's greedy continuation of the prompt (target_only(...).tokens, with
+        at least this max_new_tokens). A round's verifier tokens beyond the accepted prefix are not in its
+        logits (they were computed after a wrong draft), but while the decode equals the reference they are
+        the reference's next tokens, so the oracle metrics are read from it. Rounds after a divergence (float
+        rounding on near-ties) get no oracle values."""
         from transformers import DynamicCache
 
         _check_sampling(max_new_tokens, temperature, top_p, top_k)
         _check_prompt(prompt_ids, self.head.shape[0])
+        if reference is not None:
+            if temperature != 0:
+                raise ValueError("reference: oracle metrics need greedy decoding (temperature 0)")
+            _check_prompt(reference, self.head.shape[0])
+            reference = list(reference)
+        walks: list[int] = []
+        firsts: list[int] = []
+        thits = tseen = 0
         B = self.drafter.config.block_size - 1
         hits, seen = torch.zeros(B, len(KS), dtype=torch.long), torch.zeros(B, dtype=torch.long)
         committed: list[int] = []
@@ -221,8 +270,14 @@ class Engine:
         tokens = [_next_token(out.logits[0, -1], temperature, top_p, top_k, generator)]
         while tokens[-1] not in self.eos and len(tokens) < max_new_tokens:
             n = min(B, max_new_tokens - len(tokens) - 1)  # accepted + 1 <= n + 1 <= what is left
-            drafted, cands = self._draft(tokens[-1], ctx)
+            drafted, cands, vals, hc = self._draft(tokens[-1], ctx)
             drafts = drafted[:n].tolist()
+            L = len(tokens)
+            if reference is not None and reference[:L] == tokens and len(reference) > L:
+                w, f, h, c = self._oracle(reference[L:L + n], len(reference) - L, cands, vals, hc)
+                walks.append(w)
+                firsts.append(f)
+                thits, tseen = thits + h, tseen + c
             out = _forward(self.target, tokens[-1:] + drafts, cache, hidden=True)
             new = self._verify(drafts, out.logits[0], temperature, top_p, top_k, generator)
             a = len(new) - 1
@@ -238,7 +293,7 @@ class Engine:
             tokens += new[:stop]
             committed.append(stop)
             accepted.append(a)
-        return Result(tokens, committed, accepted, hits, seen, time.perf_counter() - t0)
+        return Result(tokens, committed, accepted, hits, seen, time.perf_counter() - t0, walks, firsts, thits, tseen)
 
     def generate_batch(self, prompts: Sequence[list[int]], max_new_tokens: int, **kw) -> list[Result]:
         """generate over each prompt in turn (one shared generator keeps the batch deterministic)."""
@@ -248,7 +303,9 @@ class Engine:
 def summarize(results: Sequence[Result]) -> dict:
     """Totals over decodes: tokens, rounds, seconds, tokens_per_s, tau (committed per round, None without
     rounds), accept_counts[i] / accept_rate[i] (rounds accepting draft slot i+1), coverage {k: per-slot rate of
-    the verified token being in the drafter's top-k, None where a slot was never reached}."""
+    the verified token being in the drafter's top-k, None where a slot was never reached}; with references:
+    oracle_rounds, tau_oracle_walk / tau_oracle_prefix_first (oracle commits per round over the rounds that
+    have them) and transition_hit_rate (None without data)."""
     tokens = sum(len(r.tokens) for r in results)
     seconds = sum(r.seconds for r in results)
     rounds = sum(r.rounds for r in results)
@@ -266,4 +323,10 @@ def summarize(results: Sequence[Result]) -> dict:
         out["coverage_seen"] = seen.tolist()
         out["coverage"] = {k: [int(h) / int(s) if s else None for h, s in zip(hits[:, j], seen)]
                            for j, k in enumerate(KS)}
+        n = sum(len(r.oracle_walk) for r in spec)
+        thits, tseen = sum(r.trans_hits for r in spec), sum(r.trans_seen for r in spec)
+        out["oracle_rounds"] = n
+        out["tau_oracle_walk"] = sum(sum(r.oracle_walk) for r in spec) / n if n else None
+        out["tau_oracle_prefix_first"] = sum(sum(r.oracle_prefix) for r in spec) / n if n else None
+        out["transition_hit_rate"] = thits / tseen if tseen else None
     return out

@@ -1,0 +1,111 @@
+"""`dcoco eval`: the core over token ids (results fields, plots, oracle >= tau, greedy losslessness), the suite
+loader's errors, and the whole CLI on a tiny saved Llama target with a word-level tokenizer."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+pytest.importorskip("transformers", reason="the engine needs transformers (pip install '.[demo]')")
+pytest.importorskip("matplotlib", reason="dcoco eval plots with matplotlib")
+
+from test_spec import dflash_cfg, llama  # noqa: E402
+
+from dcoco import checkpoint  # noqa: E402
+from dcoco.cli import main  # noqa: E402
+from dcoco.corrector import Corrector  # noqa: E402
+from dcoco.dflash import DFlashDrafter  # noqa: E402
+from dcoco.evaluate import evaluate, load_suites, table, write  # noqa: E402
+from dcoco.spec import KS, Engine  # noqa: E402
+
+SUITES = {"a": [[3, 17, 5, 9], [40, 2, 2, 11]], "b": [[7, 7, 1, 33, 60]]}
+
+
+@pytest.fixture(scope="module")
+def target():
+    return llama(64, 0)
+
+
+@pytest.fixture(scope="module")
+def drafter():
+    torch.manual_seed(0)
+    return DFlashDrafter(dflash_cfg(64)).eval()
+
+
+@pytest.mark.parametrize("with_corrector", [False, True])
+def test_core_results_and_plots(target, drafter, tmp_path, with_corrector):
+    corr = Corrector(64, num_candidates=8, width=16, mlp_hidden=32).eval() if with_corrector else None
+    eng = Engine(target, drafter, corr, num_candidates=8, eos_token_id=None)
+    res = evaluate(target, eng, SUITES, max_new_tokens=12, progress=False)
+    assert res["lossless"] is True and res["mismatches"] == []
+    for r in [*res["suites"].values(), res["overall"]]:
+        assert r["tau"] >= 1 and r["tau_oracle_walk"] >= r["tau_oracle_prefix_first"] >= r["tau"]
+        assert r["tps_spec"] > 0 and r["tps_target_only"] > 0 and r["speedup"] > 0
+        assert set(r["coverage"]) == set(KS) and len(r["coverage"][1]) == dflash_cfg(64).block_size - 1
+        assert with_corrector or r["transition_hit_rate"] is None  # with one: None when no pair was in the top-K
+        assert r["spec"]["tokens"] == r["target_only"]["tokens"]
+    assert res["overall"]["spec"]["tokens"] == 12 * 3
+    assert "overall" in table(res)
+    paths = write(res, tmp_path / "out")
+    saved = json.loads(paths[0].read_text())
+    assert set(saved["suites"]) == {"a", "b"} and saved["lossless"] is True
+    assert all(p.stat().st_size > 1000 and p.read_bytes()[:4] == b"\x89PNG" for p in paths[1:])
+
+
+def test_sampling_has_no_lossless_check(target, drafter):
+    eng = Engine(target, drafter, eos_token_id=None)
+    res = evaluate(target, eng, {"a": SUITES["a"]}, max_new_tokens=8, temperature=0.8, progress=False)
+    assert res["lossless"] is None and res["overall"]["tau_oracle_prefix_first"] is None
+
+
+def test_suite_loader(tmp_path):
+    (tmp_path / "x.jsonl").write_text('{"turns": ["one", "two"]}\n\n{"turns": ["three"]}\n{"turns": ["four"]}\n')
+    assert load_suites([tmp_path], rows=2) == {"x": ["one", "three"]}
+    assert load_suites([tmp_path / "x.jsonl"], rows=8) == {"x": ["one", "three", "four"]}
+    with pytest.raises(ValueError, match="suites: .* does not exist.*--suites"):
+        load_suites([tmp_path / "nope"])
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(ValueError, match="no \\*.jsonl"):
+        load_suites([tmp_path / "empty"])
+    (tmp_path / "bad.jsonl").write_text('{"prompt": "x"}\n')
+    with pytest.raises(ValueError, match="bad.jsonl line 1"):
+        load_suites([tmp_path / "bad.jsonl"])
+    with pytest.raises(ValueError, match="rows"):
+        load_suites([tmp_path], rows=0)
+
+
+def _tiny_target_dir(path, target) -> None:
+    """The tiny Llama plus a word-level tokenizer (one id per word of a 64-word vocabulary) with a chat
+    template, saved where transformers' Auto classes load them."""
+    from tokenizers import Tokenizer, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    words = ["[UNK]", "<eos>"] + [f"w{i}" for i in range(62)]
+    tk = Tokenizer(models.WordLevel({w: i for i, w in enumerate(words)}, unk_token="[UNK]"))
+    tk.pre_tokenizer = pre_tokenizers.Whitespace()
+    tok = PreTrainedTokenizerFast(tokenizer_object=tk, unk_token="[UNK]", eos_token="<eos>")
+    tok.chat_template = "{% for m in messages %}w1 {{ m['content'] }} w2 {% endfor %}w3"
+    tok.save_pretrained(path)
+    target.save_pretrained(path)
+
+
+def test_cli_end_to_end(target, drafter, tmp_path, capsys):
+    _tiny_target_dir(tmp_path / "target", target)
+    torch.manual_seed(1)
+    checkpoint.save(tmp_path / "dcoco", drafter, Corrector(64, num_candidates=8, width=16, mlp_hidden=32))
+    suites = tmp_path / "suites"
+    suites.mkdir()
+    (suites / "s.jsonl").write_text("\n".join(json.dumps({"turns": [f"w{i} w{i + 5} w9"]}) for i in range(4)))
+    out = tmp_path / "out"
+    rc = main(["eval", "--drafter", str(tmp_path / "dcoco"), "--target", str(tmp_path / "target"), "--suites",
+               str(suites), "--rows", "3", "--max-new-tokens", "10", "--out", str(out), "--no-progress"])
+    assert rc == 0 and "overall" in capsys.readouterr().out
+    res = json.loads((out / "results.json").read_text())
+    assert res["config"]["corrector"] and res["config"]["num_candidates"] == 8 and res["lossless"]
+    assert res["suites"]["s"]["target_only"]["tokens"] <= 30 and (out / "tau.png").is_file()
+    with pytest.raises(SystemExit, match="suites: .*does not exist"):
+        main(["eval", "--drafter", str(tmp_path / "dcoco"), "--suites", str(tmp_path / "missing")])
+    with pytest.raises(SystemExit, match="--hub is not supported"):
+        main(["eval", "--drafter", str(tmp_path / "dcoco"), "--hub"])
