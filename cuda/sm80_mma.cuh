@@ -18,23 +18,17 @@ __device__ inline Elem plane_of(float x, int plane) {
   return plane == 0 ? hi : Elem(x - float(hi));
 }
 
-template <class Elem, int APlanes>
-struct Sm80Mma {
+// What the register-accumulator tensor-core policies (sm80, sm90) share: operand planes in shared memory
+// laid out by LayoutA/LayoutB, accumulators partitioned by TiledMma, the epilogue's coordinates.
+template <class Elem, int APlanes, int Align, class TiledMma_, class LayoutA_, class LayoutB_>
+struct PlaneMma {
   static_assert(APlanes == 1 || APlanes == 2);
-  using Atom = std::conditional_t<std::is_same_v<Elem, cute::bfloat16_t>, cute::SM80_16x8x16_F32BF16BF16F32_TN,
-                                  cute::SM80_16x8x16_F32F16F16F32_TN>;
-  // 8 warps as (2,4) over (M,N); each warp owns 16 x 16 per repeat, so ldmatrix.x4 feeds A and B
-  using TiledMma = decltype(cute::make_tiled_mma(Atom{}, cute::Layout<cute::Shape<cute::_2, cute::_4, cute::_1>>{},
-                                                 cute::Tile<cute::_32, cute::_64, cute::_16>{}));
-  // (rows,kBK) K-major, 64-byte rows swizzled so ldmatrix reads are conflict-free
-  using Atom8 = decltype(cute::composition(cute::Swizzle<2, 3, 3>{},
-                                           cute::Layout<cute::Shape<cute::_8, cute::Int<kBK>>,
-                                                        cute::Stride<cute::Int<kBK>, cute::_1>>{}));
-  using LayoutA = decltype(cute::tile_to_shape(Atom8{}, cute::Shape<cute::Int<kBM>, cute::Int<kBK>>{}));
-  using LayoutB = decltype(cute::tile_to_shape(Atom8{}, cute::Shape<cute::Int<kBN>, cute::Int<kBK>>{}));
+  using TiledMma = TiledMma_;
+  using LayoutA = LayoutA_;
+  using LayoutB = LayoutB_;
   struct Storage {
-    alignas(128) Elem a[APlanes][kBM * kBK];
-    alignas(128) Elem b[2][kBN * kBK];
+    alignas(Align) Elem a[APlanes][kBM * kBK];
+    alignas(Align) Elem b[2][kBN * kBK];
   };
   using Acc = decltype(cute::partition_fragment_C(TiledMma{}, cute::Shape<cute::Int<kBM>, cute::Int<kBN>>{}));
 
@@ -47,6 +41,33 @@ struct Sm80Mma {
   __device__ static void put_b(Storage& st, int n, int k, float x) {
     for (int i = 0; i < 2; ++i) cute::make_tensor(cute::make_smem_ptr(st.b[i]), LayoutB{})(n, k) = plane_of<Elem>(x, i);
   }
+  template <class F>
+  __device__ static void store(const Acc& acc, F&& f) {
+    using namespace cute;
+    auto thr = TiledMma{}.get_slice(threadIdx.x);
+    Tensor coord = thr.partition_C(make_identity_tensor(Shape<Int<kBM>, Int<kBN>>{}));
+    for (int i = 0; i < size(acc); ++i) f(int(get<0>(coord(i))), int(get<1>(coord(i))), acc(i));
+  }
+};
+
+template <class Elem>
+using Sm80Atom = std::conditional_t<std::is_same_v<Elem, cute::bfloat16_t>, cute::SM80_16x8x16_F32BF16BF16F32_TN,
+                                    cute::SM80_16x8x16_F32F16F16F32_TN>;
+// (rows,kBK) K-major, 64-byte rows swizzled so ldmatrix reads are conflict-free
+using Sm80Atom8 = decltype(cute::composition(
+    cute::Swizzle<2, 3, 3>{}, cute::Layout<cute::Shape<cute::_8, cute::Int<kBK>>, cute::Stride<cute::Int<kBK>, cute::_1>>{}));
+
+template <class Elem, int APlanes>
+struct Sm80Mma
+    : PlaneMma<Elem, APlanes, 128,
+               // 8 warps as (2,4) over (M,N); each warp owns 16 x 16 per repeat, so ldmatrix.x4 feeds A and B
+               decltype(cute::make_tiled_mma(Sm80Atom<Elem>{}, cute::Layout<cute::Shape<cute::_2, cute::_4, cute::_1>>{},
+                                             cute::Tile<cute::_32, cute::_64, cute::_16>{})),
+               decltype(cute::tile_to_shape(Sm80Atom8{}, cute::Shape<cute::Int<kBM>, cute::Int<kBK>>{})),
+               decltype(cute::tile_to_shape(Sm80Atom8{}, cute::Shape<cute::Int<kBN>, cute::Int<kBK>>{}))> {
+  using Base = typename Sm80Mma::PlaneMma;
+  using typename Base::Acc, typename Base::LayoutA, typename Base::LayoutB, typename Base::Storage,
+      typename Base::TiledMma;
   __device__ static void publish() {}
   __device__ static void mma(Storage& st, Acc& acc) {
     using namespace cute;
@@ -73,13 +94,6 @@ struct Sm80Mma {
     gemm(tm, a_hi, b_hi, acc);
     gemm(tm, a_hi, b_lo, acc);
     if constexpr (APlanes == 2) gemm(tm, load_a(1), b_hi, acc);
-  }
-  template <class F>
-  __device__ static void store(const Acc& acc, F&& f) {
-    using namespace cute;
-    auto thr = TiledMma{}.get_slice(threadIdx.x);
-    Tensor coord = thr.partition_C(make_identity_tensor(Shape<Int<kBM>, Int<kBN>>{}));
-    for (int i = 0; i < size(acc); ++i) f(int(get<0>(coord(i))), int(get<1>(coord(i))), acc(i));
   }
 };
 

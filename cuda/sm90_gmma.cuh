@@ -9,33 +9,23 @@
 
 namespace dcoco::cuda {
 
-template <class Elem, int APlanes>
-struct Sm90Mma {
-  static_assert(APlanes == 1 || APlanes == 2);
-  using Atom = std::conditional_t<
-      std::is_same_v<Elem, cute::bfloat16_t>,
-      cute::SM90_64x64x16_F32BF16BF16_SS<cute::GMMA::Major::K, cute::GMMA::Major::K>,
-      cute::SM90_64x64x16_F32F16F16_SS<cute::GMMA::Major::K, cute::GMMA::Major::K>>;
-  using TiledMma = decltype(cute::make_tiled_mma(Atom{}, cute::Layout<cute::Shape<cute::_1, cute::_2, cute::_1>>{}));
-  using LayoutA = decltype(cute::tile_to_shape(cute::GMMA::Layout_K_SW64_Atom<Elem>{},
-                                               cute::Shape<cute::Int<kBM>, cute::Int<kBK>>{}));
-  using LayoutB = decltype(cute::tile_to_shape(cute::GMMA::Layout_K_SW64_Atom<Elem>{},
-                                               cute::Shape<cute::Int<kBN>, cute::Int<kBK>>{}));
-  struct Storage {
-    alignas(1024) Elem a[APlanes][kBM * kBK];
-    alignas(1024) Elem b[2][kBN * kBK];
-  };
-  using Acc = decltype(cute::partition_fragment_C(TiledMma{}, cute::Shape<cute::Int<kBM>, cute::Int<kBN>>{}));
+template <class Elem>
+using Sm90Atom = std::conditional_t<
+    std::is_same_v<Elem, cute::bfloat16_t>,
+    cute::SM90_64x64x16_F32BF16BF16_SS<cute::GMMA::Major::K, cute::GMMA::Major::K>,
+    cute::SM90_64x64x16_F32F16F16_SS<cute::GMMA::Major::K, cute::GMMA::Major::K>>;
 
-  __device__ static void begin(Storage&, Acc& acc) { cute::clear(acc); }
-  __device__ static void end(Storage&, Acc&) {}
-  __device__ static void put_a(Storage& st, int m, int k, float x) {
-    for (int i = 0; i < APlanes; ++i)
-      cute::make_tensor(cute::make_smem_ptr(st.a[i]), LayoutA{})(m, k) = APlanes == 1 ? Elem(x) : plane_of<Elem>(x, i);
-  }
-  __device__ static void put_b(Storage& st, int n, int k, float x) {
-    for (int i = 0; i < 2; ++i) cute::make_tensor(cute::make_smem_ptr(st.b[i]), LayoutB{})(n, k) = plane_of<Elem>(x, i);
-  }
+template <class Elem, int APlanes>
+struct Sm90Mma
+    : PlaneMma<Elem, APlanes, 1024,
+               decltype(cute::make_tiled_mma(Sm90Atom<Elem>{}, cute::Layout<cute::Shape<cute::_1, cute::_2, cute::_1>>{})),
+               decltype(cute::tile_to_shape(cute::GMMA::Layout_K_SW64_Atom<Elem>{},
+                                            cute::Shape<cute::Int<kBM>, cute::Int<kBK>>{})),
+               decltype(cute::tile_to_shape(cute::GMMA::Layout_K_SW64_Atom<Elem>{},
+                                            cute::Shape<cute::Int<kBN>, cute::Int<kBK>>{}))> {
+  using Base = typename Sm90Mma::PlaneMma;
+  using typename Base::Acc, typename Base::LayoutA, typename Base::LayoutB, typename Base::Storage,
+      typename Base::TiledMma;
   // wgmma reads shared memory through the async proxy: make this thread's generic stores visible to it
   __device__ static void publish() { cutlass::arch::fence_view_async_shared(); }
   __device__ static void mma(Storage& st, Acc& acc) {
@@ -52,13 +42,6 @@ struct Sm90Mma {
     warpgroup_commit_batch();
     warpgroup_wait<0>();
     warpgroup_fence_operand(acc);
-  }
-  template <class F>
-  __device__ static void store(const Acc& acc, F&& f) {
-    using namespace cute;
-    auto thr = TiledMma{}.get_slice(threadIdx.x);
-    Tensor coord = thr.partition_C(make_identity_tensor(Shape<Int<kBM>, Int<kBN>>{}));
-    for (int i = 0; i < size(acc); ++i) f(int(get<0>(coord(i))), int(get<1>(coord(i))), acc(i));
   }
 };
 
