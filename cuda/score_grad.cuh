@@ -29,8 +29,6 @@ __host__ __device__ inline GradPlan grad_plan_of(const GradParams<float>& p) {
   return l;
 }
 
-__device__ inline int64_t slot_of(const GradParams<float>& p, int64_t t) { return t / (p.B - 1) * p.B + t % (p.B - 1); }
-
 // 1. Per slot: g^, P, Q; b^, z^, z, pred, succ of its K candidates (dynamic smem: gf (r)).
 __global__ void __launch_bounds__(kThreads) grad_forward_kernel(GradParams<float> p) {
   DCOCO_DYNAMIC_SMEM(smem);
@@ -81,7 +79,7 @@ __global__ void __launch_bounds__(kThreads) grad_transition_kernel(GradParams<fl
   DCOCO_DYNAMIC_SMEM(smem);
   float* s = reinterpret_cast<float*>(smem);
   const GradPlan l = grad_plan_of(p);
-  const int64_t t = blockIdx.x, K = p.K, r = p.r, H = p.H, in = l.in, slot = slot_of(p, t);
+  const int64_t t = blockIdx.x, K = p.K, r = p.r, H = p.H, in = l.in, slot = transition_slot(t, p.B);
   const int64_t c0 = slot * K, c1 = c0 + K;
   float* ws = p.workspace;
   for (int64_t o = threadIdx.x; o < r; o += kThreads)

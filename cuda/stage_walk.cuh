@@ -19,7 +19,7 @@ __device__ inline void pair_term(const CorrectParams& p, const Plan& l, const fl
 }
 
 __device__ void score_tile(const CorrectParams& p, const Plan& l, int64_t t, char* smem, float* ws, int* counters) {
-  const int64_t K = p.K, H = p.H, q = t / (p.B - 1), s = q * p.B + t % (p.B - 1);
+  const int64_t K = p.K, H = p.H, q = t / (p.B - 1), s = transition_slot(t, p.B);
   wait_request(p, l, q, counters);
   float* u = reinterpret_cast<float*>(smem);
   pair_term(p, l, ws, s, u);

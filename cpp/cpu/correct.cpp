@@ -38,32 +38,6 @@ float* scratch(int slot, int64_t n) {
   return bufs[slot].data();
 }
 
-// xt(k1-k0, kLanes) = columns k0..k1 of rows of src (rows == null: row0..row0+m-1) as float, transposed,
-// zero padded. The dtype is dispatched once, outside the loops.
-template <class Load>
-void gather_lanes_as(Load load, int64_t d, const int64_t* rows, int64_t row0, int64_t m, int64_t k0, int64_t k1,
-                     float* xt) {
-  int64_t base[kLanes];
-  for (int64_t j = 0; j < m; ++j) base[j] = (rows ? rows[j] : row0 + j) * d;
-  for (int64_t k = k0; k < k1; ++k) {  // contiguous 128-byte writes; m row streams read in step
-    float* out = xt + (k - k0) * kLanes;
-    for (int64_t j = 0; j < m; ++j) out[j] = load(base[j] + k);
-    std::fill(out + m, out + kLanes, 0.f);
-  }
-}
-
-void gather_lanes(const void* src, DType t, int64_t d, const int64_t* rows, int64_t row0, int64_t m, float* xt,
-                  int64_t k0 = 0, int64_t k1 = -1) {
-  if (k1 < 0) k1 = d;
-  const auto* h = static_cast<const uint16_t*>(src);
-  if (t == DType::bf16)
-    gather_lanes_as([h](int64_t i) { return bf16_to_float(h[i]); }, d, rows, row0, m, k0, k1, xt);
-  else if (t == DType::f16)
-    gather_lanes_as([h](int64_t i) { return f16_to_float(h[i]); }, d, rows, row0, m, k0, k1, xt);
-  else
-    gather_lanes_as([src](int64_t i) { return static_cast<const float*>(src)[i]; }, d, rows, row0, m, k0, k1, xt);
-}
-
 // out(n,r) = W_fuse[:, :r] LN(W_cand E[rows]): the candidate half of the fusion, before W_fuse[:, r:] g.
 void cand_rows(const void* embed, DType et, int64_t d, int64_t r, const float* cand_proj, const float* fuse_proj,
                const int64_t* rows, int64_t n, float* out) {
@@ -108,7 +82,7 @@ void correct(const CorrectParams& p) {
   float *succ = z + C * r, *pair = succ + C * H, *pred = pair + T * H;
   for (int64_t i = 0; i < C; ++i) logit[i] = load_float(p.cand_logits, p.logits_dtype, i);
   auto w1 = [&](int64_t col) { return Mat{w.w1 + col, in}; };  // W1's block of input columns from col
-  auto slot_of = [&](int64_t t) { return (t / (B - 1)) * B + t % (B - 1); };  // slot p of transition (req, p)
+  auto slot_of = [&](int64_t t) { return transition_slot(t, B); };
 
   // Per slot (S,r): g = LN(W_ctx h), P = W_pair[:, :d] h, Q = W_pair[:, d:] h. The hidden rows are
   // gathered once as lane blocks (tasks: block x slice of d), then projected by tasks (block, weight),

@@ -95,34 +95,21 @@ class Scratch {
   size_t next_ = 0;
 };
 
-// Y(m,N) = X(m,Kd) W(N,Kd)^T, the d-wide projections' hot loop, for m <= kRows rows of X read from src
-// (dtype t) at element offsets rows[j]: floats go straight into the forward's lane-block kernel
-// (kernels.h), doubles through a converted copy into the generic one.
+// Y(m,N) = X(m,Kd) W(N,Kd)^T, the d-wide projections' hot loop, for m <= kRows rows of X: rows `rows` of src
+// (dtype t, Kd wide), or row0.. when rows is null. Floats take the forward's lane-block kernel
+// (kernels.h), doubles a converted copy and the generic one.
 template <class T>
-void project(int64_t m, int64_t N, int64_t Kd, const void* src, DType t, const int64_t* rows, const T* W,
-             int64_t ldw, T* Y, int64_t ldy) {
+void project(int64_t m, int64_t N, int64_t Kd, const void* src, DType t, const int64_t* rows, int64_t row0,
+             const T* W, int64_t ldw, T* Y, int64_t ldy) {
   thread_local std::vector<T> x;
   if constexpr (std::is_same_v<T, float>) {
     static_assert(kRows == kLanes);
     x.resize(Kd * kLanes);
-    auto lanes = [&](auto load) {
-      for (int64_t k = 0; k < Kd; ++k) {
-        float* out = x.data() + k * kLanes;
-        for (int64_t j = 0; j < m; ++j) out[j] = load(rows[j] + k);
-        std::fill(out + m, out + kLanes, 0.f);
-      }
-    };
-    const auto* h = static_cast<const uint16_t*>(src);
-    if (t == DType::bf16)
-      lanes([h](int64_t i) { return bf16_to_float(h[i]); });
-    else if (t == DType::f16)
-      lanes([h](int64_t i) { return f16_to_float(h[i]); });
-    else
-      lanes([src](int64_t i) { return static_cast<const float*>(src)[i]; });
+    gather_lanes(src, t, Kd, rows, row0, m, x.data());
     project_t({x.data(), kLanes}, m, {W, ldw}, N, Kd, Y, ldy);
   } else {
     x.resize(m * padded(Kd));
-    for (int64_t j = 0; j < m; ++j) convert(src, t, rows[j], Kd, x.data() + j * padded(Kd));
+    for (int64_t j = 0; j < m; ++j) convert(src, t, (rows ? rows[j] : row0 + j) * Kd, Kd, x.data() + j * padded(Kd));
     nt(m, N, Kd, x.data(), padded(Kd), W, ldw, Y, ldy);
   }
 }
@@ -146,7 +133,7 @@ void run(const GradParams<T>& p) {
   }
   if (Tn == 0) return;
   const std::vector<int64_t> ids = checked_ids(p.cand_ids, p.ids_dtype, R, B, K, p.V);
-  auto slot_of = [&](int64_t t) { return t / (B - 1) * B + t % (B - 1); };  // slot p of transition (req, p)
+  auto slot_of = [&](int64_t t) { return transition_slot(t, B); };
   Scratch<T> sc;
   T *h = sc.raw(S * d), *l = sc.raw(C);
   parallel_for(S, [&](int64_t i) { convert(p.hidden, p.hidden_dtype, i * d, d, &h[i * d]); });
@@ -161,17 +148,13 @@ void run(const GradParams<T>& p) {
   T *g = sc.raw(S * r), *P = sc.raw(S * r), *Q = sc.raw(S * r), *inv_g = sc.raw(S), *b = sc.raw(C * r),
     *inv_b = sc.raw(C);
   blocks(S, [&](int64_t i0, int64_t m) {
-    int64_t rows[kRows];
-    for (int64_t j = 0; j < m; ++j) rows[j] = (i0 + j) * d;
-    project(m, r, d, p.hidden, p.hidden_dtype, rows, w.ctx_proj, d, &g[i0 * r], r);
-    project(m, r, d, p.hidden, p.hidden_dtype, rows, w.pair_proj, 2 * d, &P[i0 * r], r);
-    project(m, r, d, p.hidden, p.hidden_dtype, rows, w.pair_proj + d, 2 * d, &Q[i0 * r], r);
+    project(m, r, d, p.hidden, p.hidden_dtype, nullptr, i0, w.ctx_proj, d, &g[i0 * r], r);
+    project(m, r, d, p.hidden, p.hidden_dtype, nullptr, i0, w.pair_proj, 2 * d, &P[i0 * r], r);
+    project(m, r, d, p.hidden, p.hidden_dtype, nullptr, i0, w.pair_proj + d, 2 * d, &Q[i0 * r], r);
     for (int64_t i = i0; i < i0 + m; ++i) inv_g[i] = layer_norm(&g[i * r], int(r), nullptr, nullptr);
   });
   blocks(C, [&](int64_t c0, int64_t m) {
-    int64_t rows[kRows];
-    for (int64_t j = 0; j < m; ++j) rows[j] = ids[c0 + j] * d;
-    project(m, r, d, p.embed, p.embed_dtype, rows, w.cand_proj, d, &b[c0 * r], r);
+    project(m, r, d, p.embed, p.embed_dtype, &ids[c0], 0, w.cand_proj, d, &b[c0 * r], r);
     for (int64_t c = c0; c < c0 + m; ++c) inv_b[c] = layer_norm(&b[c * r], int(r), nullptr, nullptr);
   });
   T *gf = sc.raw(S * r), *zhat = sc.raw(C * r), *z = sc.raw(C * r), *inv_z = sc.raw(C);

@@ -3,13 +3,8 @@
 #include <cstring>
 
 #include "dcoco/math.h"
+#include "isa.h"
 
-#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
-#define DCOCO_ISA_CLONES __attribute__((target_clones("avx512f", "avx2", "default")))
-#else
-#define DCOCO_ISA_CLONES
-#endif
-#define DCOCO_INLINE __attribute__((always_inline)) inline
 // Vector-extension values never cross a call boundary here (everything inlines), so the ABI note is moot.
 #pragma GCC diagnostic ignored "-Wpsabi"
 
@@ -161,12 +156,7 @@ DCOCO_INLINE void transition_body(const Transition<T>& t) {
   for (int64_t a = 0; a < K; ++a)
     for (int64_t b = 0; b < K; ++b) {
       const T *u = t.u, *pa = t.pred + a * H, *sb = t.succ + b * H, *w2 = t.w2;
-      if (t.scores) {
-        T sum = 0;
-#pragma omp simd reduction(+ : sum)
-        for (int64_t j = 0; j < H; ++j) sum += w2[j] * gelu(u[j] + pa[j] + sb[j]);
-        t.scores[a * K + b] = t.l_next[b] + (sum + t.b2);
-      }
+      if (t.scores) t.scores[a * K + b] = transition_score(u, pa, sb, w2, int(H), t.b2, t.l_next[b]);
       if (!t.G) continue;
       const T g = t.G[a * K + b];
       T *du = t.du, *da = t.dpred + a * H, *db = t.dsucc + b * H, *dw2 = t.dw2;

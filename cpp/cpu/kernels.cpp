@@ -1,13 +1,7 @@
 #include "kernels.h"
 
 #include "dcoco/math.h"
-
-#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
-#define DCOCO_ISA_CLONES __attribute__((target_clones("avx512f", "avx2", "default")))
-#else
-#define DCOCO_ISA_CLONES
-#endif
-#define DCOCO_INLINE __attribute__((always_inline)) inline
+#include "isa.h"
 
 namespace dcoco::cpu {
 namespace {
@@ -62,6 +56,35 @@ void to_lanes(Mat X, int64_t M, int64_t Kd, float* Xt) {
     for (int64_t j = 0; j < M; ++j) Xt[k * kLanes + j] = X.ptr[j * X.ld + k];
     for (int64_t j = M; j < kLanes; ++j) Xt[k * kLanes + j] = 0.f;
   }
+}
+
+namespace {
+
+// gather_lanes with the element loader fixed (the dtype is dispatched once, outside the loops).
+template <class Load>
+void gather_lanes_as(Load load, int64_t d, const int64_t* rows, int64_t row0, int64_t m, int64_t k0, int64_t k1,
+                     float* xt) {
+  int64_t base[kLanes];
+  for (int64_t j = 0; j < m; ++j) base[j] = (rows ? rows[j] : row0 + j) * d;
+  for (int64_t k = k0; k < k1; ++k) {  // contiguous 128-byte writes; m row streams read in step
+    float* out = xt + (k - k0) * kLanes;
+    for (int64_t j = 0; j < m; ++j) out[j] = load(base[j] + k);
+    std::fill(out + m, out + kLanes, 0.f);
+  }
+}
+
+}  // namespace
+
+void gather_lanes(const void* src, DType t, int64_t d, const int64_t* rows, int64_t row0, int64_t m, float* xt,
+                  int64_t k0, int64_t k1) {
+  if (k1 < 0) k1 = d;
+  const auto* h = static_cast<const uint16_t*>(src);
+  if (t == DType::bf16)
+    gather_lanes_as([h](int64_t i) { return bf16_to_float(h[i]); }, d, rows, row0, m, k0, k1, xt);
+  else if (t == DType::f16)
+    gather_lanes_as([h](int64_t i) { return f16_to_float(h[i]); }, d, rows, row0, m, k0, k1, xt);
+  else
+    gather_lanes_as([src](int64_t i) { return static_cast<const float*>(src)[i]; }, d, rows, row0, m, k0, k1, xt);
 }
 
 }  // namespace dcoco::cpu

@@ -6,6 +6,8 @@
 #include <algorithm>
 #include <cstdint>
 
+#include "dcoco/math.h"
+
 namespace dcoco::cpu {
 
 struct Mat {  // a row-major view: element (i,j) at ptr[i * ld + j]
@@ -25,6 +27,11 @@ void matvec(Mat W, int64_t N, int64_t Kd, const float* x, float* y);
 // out[b] = transition_score(u, a, succ[b], ...) for b < K, succ rows at stride H, l_next (K) their logits.
 void score_row(const float* u, const float* a, const float* succ, const float* w2, int H, float b2,
                const float* l_next, int K, float* out);
+
+// xt(k1-k0, kLanes) = columns k0..k1 (k1 < 0: d) of m <= kLanes rows of src (dtype t, rows d wide; row
+// indices `rows`, or row0..row0+m-1 when null) as float, transposed, zero padded: project_t's operand.
+void gather_lanes(const void* src, DType t, int64_t d, const int64_t* rows, int64_t row0, int64_t m, float* xt,
+                  int64_t k0 = 0, int64_t k1 = -1);
 
 // Writes rows X(M,Kd) (M <= kLanes) as the lane block Xt(Kd, kLanes), zero padded.
 void to_lanes(Mat X, int64_t M, int64_t Kd, float* Xt);

@@ -152,17 +152,21 @@ DCOCO_HD void layer_norm_grad(const T* y, T inv, const T* dy, T* dx, int n) {
 //   u = W1_s s_p + b1, a = W1_a z_pa + w_la l_p(a), b = W1_b z_{p+1,b} + w_lb l_{p+1}(b)   (each H)
 //   S = l_{p+1}(b) + b2 + sum_j w2[j] gelu(u[j] + a[j] + b[j])
 // transition_terms sums j in [j0, j1), so a score can be split over threads and added in a fixed order.
-DCOCO_HD float transition_terms(const float* u, const float* a, const float* b, const float* w2, int j0, int j1) {
-  float sum = 0.f;
+template <class T>
+DCOCO_HD T transition_terms(const T* u, const T* a, const T* b, const T* w2, int j0, int j1) {
+  T sum = 0;
   DCOCO_SIMD_SUM
   for (int j = j0; j < j1; ++j) sum += w2[j] * gelu(u[j] + a[j] + b[j]);
   return sum;
 }
 
-DCOCO_HD float transition_score(const float* u, const float* a, const float* b, const float* w2, int H,
-                                float b2, float l_next) {
+template <class T>
+DCOCO_HD T transition_score(const T* u, const T* a, const T* b, const T* w2, int H, same_t<T> b2, same_t<T> l_next) {
   return l_next + (transition_terms(u, a, b, w2, 0, H) + b2);
 }
+
+// The slot p (global index over R B) of transition t = (request, p); B drafted slots per request.
+DCOCO_HD int64_t transition_slot(int64_t t, int64_t B) { return t / (B - 1) * B + t % (B - 1); }
 
 // The backward of one MLP unit j of S(a,b): with x = u_j + a_j + b_j and g = dL/dS(a,b), adds g gelu(x) to
 // dL/dw2_j and returns dL/dx = g w2_j gelu'(x) (shared by u_j, pred_a and succ_b).
