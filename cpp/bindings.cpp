@@ -26,20 +26,33 @@ WeightsOf<T> weights_from(const std::vector<uintptr_t>& a) {
           ptr<T>(a[5]), ptr<T>(a[6]), ptr<T>(a[7]), ptr<T>(a[8]), ptr<T>(a[9])};
 }
 
+// Sizes (R, B, K, d, V, r, H) into p.
+template <class Params>
+void set_sizes(Params& p, const std::vector<int64_t>& sizes) {
+  if (sizes.size() != 7) throw std::invalid_argument("sizes: expected (R, B, K, d, V, r, H)");
+  p.R = sizes[0], p.B = sizes[1], p.K = sizes[2], p.d = sizes[3], p.V = sizes[4], p.r = sizes[5], p.H = sizes[6];
+}
+
+// The corrector's inputs, shared by CorrectParams and GradParams: sizes, then (pointer, dtype code) pairs.
+template <class Params>
+void set_inputs(Params& p, const std::vector<int64_t>& sizes, uintptr_t hidden, int hidden_dtype, uintptr_t ids,
+                int ids_dtype, uintptr_t logits, int logits_dtype, uintptr_t embed, int embed_dtype) {
+  set_sizes(p, sizes);
+  p.hidden = ptr<void>(hidden), p.hidden_dtype = DType(hidden_dtype);
+  p.cand_ids = ptr<void>(ids), p.ids_dtype = DType(ids_dtype);
+  p.cand_logits = ptr<void>(logits), p.logits_dtype = DType(logits_dtype);
+  p.embed = ptr<void>(embed), p.embed_dtype = DType(embed_dtype);
+}
+
 // The training path's params in precision T.
 template <class T>
 GradParams<T> grad_params(const std::vector<int64_t>& sizes, uintptr_t hidden, int hidden_dtype, uintptr_t ids,
                           int ids_dtype, uintptr_t logits, int logits_dtype, uintptr_t embed, int embed_dtype,
                           const std::vector<uintptr_t>& weights, uintptr_t grad, uintptr_t scores, uintptr_t d_hidden,
                           uintptr_t d_logits, const std::vector<uintptr_t>& d_weights) {
-  if (sizes.size() != 7) throw std::invalid_argument("sizes: expected (R, B, K, d, V, r, H)");
   if (!d_weights.empty() && d_weights.size() != 10) throw std::invalid_argument("d_weights: expected 10 pointers");
   GradParams<T> p;
-  p.R = sizes[0], p.B = sizes[1], p.K = sizes[2], p.d = sizes[3], p.V = sizes[4], p.r = sizes[5], p.H = sizes[6];
-  p.hidden = ptr<void>(hidden), p.hidden_dtype = DType(hidden_dtype);
-  p.cand_ids = ptr<void>(ids), p.ids_dtype = DType(ids_dtype);
-  p.cand_logits = ptr<void>(logits), p.logits_dtype = DType(logits_dtype);
-  p.embed = ptr<void>(embed), p.embed_dtype = DType(embed_dtype);
+  set_inputs(p, sizes, hidden, hidden_dtype, ids, ids_dtype, logits, logits_dtype, embed, embed_dtype);
   p.w = weights_from<T>(weights);
   p.grad = ptr<T>(grad);
   p.scores = reinterpret_cast<T*>(scores);
@@ -53,13 +66,8 @@ CorrectParams correct_params(const std::vector<int64_t>& sizes, uintptr_t hidden
                              int ids_dtype, uintptr_t logits, int logits_dtype, uintptr_t embed, int embed_dtype,
                              uintptr_t table, const std::vector<uintptr_t>& weights, uintptr_t scores,
                              uintptr_t ranks, uintptr_t tokens) {
-  if (sizes.size() != 7) throw std::invalid_argument("sizes: expected (R, B, K, d, V, r, H)");
   CorrectParams p;
-  p.R = sizes[0], p.B = sizes[1], p.K = sizes[2], p.d = sizes[3], p.V = sizes[4], p.r = sizes[5], p.H = sizes[6];
-  p.hidden = ptr<void>(hidden), p.hidden_dtype = DType(hidden_dtype);
-  p.cand_ids = ptr<void>(ids), p.ids_dtype = DType(ids_dtype);
-  p.cand_logits = ptr<void>(logits), p.logits_dtype = DType(logits_dtype);
-  p.embed = ptr<void>(embed), p.embed_dtype = DType(embed_dtype);
+  set_inputs(p, sizes, hidden, hidden_dtype, ids, ids_dtype, logits, logits_dtype, embed, embed_dtype);
   p.table = ptr<float>(table);
   p.w = weights_from(weights);
   p.scores = reinterpret_cast<float*>(scores);
@@ -112,9 +120,8 @@ PYBIND11_MODULE(_C, m) {
   m.def(
       "cuda_grad_workspace_size",
       [](std::vector<int64_t> sizes) {
-        if (sizes.size() != 7) throw std::invalid_argument("sizes: expected (R, B, K, d, V, r, H)");
         GradParams<float> p;
-        p.R = sizes[0], p.B = sizes[1], p.K = sizes[2], p.d = sizes[3], p.V = sizes[4], p.r = sizes[5], p.H = sizes[6];
+        set_sizes(p, sizes);
         return cuda::grad_workspace_size(p);
       },
       py::arg("sizes"));

@@ -7,39 +7,22 @@
 #include "fused_correct.cuh"
 
 #include <cstdio>
-#include <fstream>
 #include <string>
 #include <vector>
 
+#include "inputs.h"
+
 using namespace dcoco;
-
-static std::vector<char> read(const std::string& path) {
-  std::ifstream f(path, std::ios::binary);
-  return std::vector<char>((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
-}
-
-template <class T>
-static void write(const std::string& path, const T* data, size_t n) {
-  std::ofstream(path, std::ios::binary).write(reinterpret_cast<const char*>(data), std::streamsize(n * sizeof(T)));
-}
 
 int main(int argc, char** argv) {
   if (argc != 2) return 2;
   const std::string dir = argv[1];
-  std::ifstream meta(dir + "/meta.txt");
   CorrectParams p;
-  int hd, idd, ld, ed, has_table, want_scores, sms;
-  meta >> p.R >> p.B >> p.K >> p.d >> p.V >> p.r >> p.H >> hd >> idd >> ld >> ed >> has_table >> want_scores >> sms;
-  p.hidden_dtype = DType(hd), p.ids_dtype = DType(idd), p.logits_dtype = DType(ld), p.embed_dtype = DType(ed);
-  auto hidden = read(dir + "/hidden.bin"), ids = read(dir + "/ids.bin"), logits = read(dir + "/logits.bin"),
-       embed = read(dir + "/embed.bin"), table = read(dir + "/table.bin");
-  std::vector<std::vector<char>> w;
-  for (int i = 0; i < 10; ++i) w.push_back(read(dir + "/w" + std::to_string(i) + ".bin"));
-  p.hidden = hidden.data(), p.cand_ids = ids.data(), p.cand_logits = logits.data(), p.embed = embed.data();
+  Inputs in(dir, p);
+  int has_table, want_scores, sms;
+  in.meta >> has_table >> want_scores >> sms;
+  const auto table = read_file(dir + "/table.bin");
   p.table = has_table ? reinterpret_cast<const float*>(table.data()) : nullptr;
-  const float* wp[10];
-  for (int i = 0; i < 10; ++i) wp[i] = reinterpret_cast<const float*>(w[i].data());
-  p.w = {wp[0], wp[1], wp[2], wp[3], wp[4], wp[5], wp[6], wp[7], wp[8], wp[9]};
   // outputs poisoned, as in the Python tests
   std::vector<float> scores(want_scores ? p.R * (p.B - 1) * p.K * p.K : 0, __int_as_float(0x7fc00000));
   std::vector<int64_t> ranks(p.R * p.B, -1), tokens(p.R * p.B, -1);
@@ -58,8 +41,8 @@ int main(int argc, char** argv) {
     if (counters[plan.grid_done + q] != p.B - 1) return 4;
   std::printf("ksplit %ld stage tiles %ld %ld %ld %ld\n", long(plan.ksplit), long(plan.stage1), long(plan.stage2),
               long(plan.stage3), long(plan.stage4));
-  if (want_scores) write(dir + "/scores.bin", scores.data(), scores.size());
-  write(dir + "/ranks.bin", ranks.data(), ranks.size());
-  write(dir + "/tokens.bin", tokens.data(), tokens.size());
+  if (want_scores) write_file(dir + "/scores.bin", scores.data(), scores.size());
+  write_file(dir + "/ranks.bin", ranks.data(), ranks.size());
+  write_file(dir + "/tokens.bin", tokens.data(), tokens.size());
   return 0;
 }
