@@ -142,38 +142,48 @@ def _check_cuda(op: str) -> None:
         raise RuntimeError(f"dcoco.{op}: CUDA tensors given, but dcoco was built without CUDA ({_C.cuda_status()[1]})")
     if op != "select" and os.environ.get("DCOCO_UNVALIDATED_CUDA") != "1":
         raise NotImplementedError(
-            f"dcoco.{op}: the CUDA forward is built but has not been validated on a GPU yet (bench/gpu_check.sh "
+            f"dcoco.{op}: the CUDA path is built but has not been validated on a GPU yet (bench/gpu_check.sh "
             "does that); set DCOCO_UNVALIDATED_CUDA=1 to run it anyway, or pass CPU tensors")
 
 
-def _launch(op: str, fn, device: torch.device, *args, **cuda_args) -> None:
-    """fn(*args) on the CPU, or on device's current stream (cuda_args: its CUDA workspace) for CUDA tensors."""
+def _launch(op: str, fn, device: torch.device, *args, workspace=None) -> None:
+    """fn(*args) on the CPU, or on device's current stream for CUDA tensors. workspace() gives the CUDA
+    workspace as {keyword: tensor}; it is allocated after the checks, under the device guard (its size may
+    follow the device), and kept alive through the call."""
     if device.type != "cuda":
         fn(*args)
         return
     _check_cuda(op)
     with torch.cuda.device(device):
-        fn(*args, cuda=True, stream=torch.cuda.current_stream(device).cuda_stream, **cuda_args)
+        ws = workspace() if workspace else {}
+        fn(*args, cuda=True, stream=torch.cuda.current_stream(device).cuda_stream,
+           **{k: t.data_ptr() for k, t in ws.items()})
+
+
+def _ptr(t) -> int:
+    return 0 if t is None else t.data_ptr()
+
+
+def _inputs(hidden, cand_ids, cand_logits, embed) -> tuple[list[torch.Tensor], list[int]]:
+    """The inputs made contiguous (keep them alive through the call) and their (pointer, dtype code) arguments."""
+    ts = [t.contiguous() for t in (hidden, cand_ids, cand_logits, embed)]
+    codes = (_FLOAT_CODES, _ID_CODES, _FLOAT_CODES, _FLOAT_CODES)
+    return ts, [x for t, c in zip(ts, codes) for x in (t.data_ptr(), c[t.dtype])]
 
 
 def _run_core(hidden, cand_ids, cand_logits, embed, weights, table, sizes, scores, ranks, tokens) -> None:
-    c = lambda t: t.contiguous()  # noqa: E731
-    hidden, cand_ids, cand_logits, embed = c(hidden), c(cand_ids), c(cand_logits), c(embed)
+    keep, inputs = _inputs(hidden, cand_ids, cand_logits, embed)
     ws = [w.to(torch.float32).contiguous() for w in weights]
-    table = None if table is None else c(table)
-    ptr = lambda t: 0 if t is None else t.data_ptr()  # noqa: E731
-    args = (list(sizes), hidden.data_ptr(), _FLOAT_CODES[hidden.dtype], cand_ids.data_ptr(), _ID_CODES[cand_ids.dtype],
-            cand_logits.data_ptr(), _FLOAT_CODES[cand_logits.dtype], embed.data_ptr(), _FLOAT_CODES[embed.dtype],
-            ptr(table), [w.data_ptr() for w in ws], ptr(scores), ptr(ranks), ptr(tokens))
-    dev, workspace = hidden.device, {}
-    if dev.type == "cuda":
-        _check_cuda("score" if ranks is None else "correct")
-        with torch.cuda.device(dev):  # the split of d follows the device's SM count
-            floats, ints = _C.cuda_workspace_sizes(list(sizes), table is not None, scores is not None)
-        work = torch.empty(floats, dtype=torch.float32, device=dev)
-        counters = torch.zeros(ints, dtype=torch.int32, device=dev)
-        workspace = {"workspace": work.data_ptr(), "counters": counters.data_ptr()}
-    _launch("score" if ranks is None else "correct", _C.correct, dev, *args, **workspace)
+    table = None if table is None else table.contiguous()
+    args = (list(sizes), *inputs, _ptr(table), [w.data_ptr() for w in ws], _ptr(scores), _ptr(ranks), _ptr(tokens))
+    dev = hidden.device
+
+    def workspace():  # the split of d follows the device's SM count
+        floats, ints = _C.cuda_workspace_sizes(list(sizes), table is not None, scores is not None)
+        return {"workspace": torch.empty(floats, dtype=torch.float32, device=dev),
+                "counters": torch.zeros(ints, dtype=torch.int32, device=dev)}
+
+    _launch("score" if ranks is None else "correct", _C.correct, dev, *args, workspace=workspace)
 
 
 # --- score -----------------------------------------------------------------------------------------
@@ -200,21 +210,16 @@ def _score_fake(hidden, cand_ids, cand_logits, embed, *weights):
 
 def _run_grad(hidden, cand_ids, cand_logits, embed, weights, sizes, dt, scores=None, grad=None, outs=()) -> None:
     """The training path: scores (CPU, float64) and/or, given grad, the gradients into outs, in precision dt."""
-    c = lambda t: t.contiguous()  # noqa: E731
-    hidden, cand_ids, cand_logits, embed = c(hidden), c(cand_ids), c(cand_logits), c(embed)
+    keep, inputs = _inputs(hidden, cand_ids, cand_logits, embed)
     ws = [w.to(dt).contiguous() for w in weights]
     grad = None if grad is None else grad.to(dt).contiguous()
-    ptr = lambda t: 0 if t is None else t.data_ptr()  # noqa: E731
-    args = (list(sizes), hidden.data_ptr(), _FLOAT_CODES[hidden.dtype], cand_ids.data_ptr(), _ID_CODES[cand_ids.dtype],
-            cand_logits.data_ptr(), _FLOAT_CODES[cand_logits.dtype], embed.data_ptr(), _FLOAT_CODES[embed.dtype],
-            [w.data_ptr() for w in ws], ptr(grad), ptr(scores), ptr(outs[0]) if outs else 0,
-            ptr(outs[1]) if outs else 0, [o.data_ptr() for o in outs[2:]], dt == torch.float64)
-    workspace = {}
-    if hidden.device.type == "cuda":
-        _check_cuda("score_backward")
-        work = torch.empty(_C.cuda_grad_workspace_size(list(sizes)), dtype=torch.float32, device=hidden.device)
-        workspace = {"workspace": work.data_ptr()}
-    _launch("score_backward", _C.score_grad, hidden.device, *args, **workspace)
+    outs = outs or (None, None)
+    args = (list(sizes), *inputs, [w.data_ptr() for w in ws], _ptr(grad), _ptr(scores), _ptr(outs[0]), _ptr(outs[1]),
+            [o.data_ptr() for o in outs[2:]], dt == torch.float64)
+    dev = hidden.device
+    workspace = lambda: {"workspace": torch.empty(_C.cuda_grad_workspace_size(list(sizes)), dtype=torch.float32,  # noqa: E731
+                                                  device=dev)}
+    _launch("score_backward", _C.score_grad, dev, *args, workspace=workspace)
 
 
 # --- score_backward: the compiled backward, and score's autograd ------------------------------------
