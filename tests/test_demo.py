@@ -1,4 +1,5 @@
-"""`dcoco demo` end to end on the embedded SmolLM2-135M target (offline; about 45 s on 2 cores)."""
+"""`dcoco demo --smoke` end to end on the embedded SmolLM2-135M target: every stage of the real demo with a few
+steps (offline; about 2 min on 2 cores), then a second run that only evaluates."""
 
 import json
 
@@ -6,16 +7,55 @@ import pytest
 
 pytest.importorskip("transformers", reason="the demo extra is not installed (pip install '.[demo]')")
 
+KEYS = ("tau_target_only", "tau_dflash", "tau_dcoco", "tau_oracle_prefix_first", "tps_target_only", "tps_dflash",
+        "tps_dcoco", "coverage")
+
 
 @pytest.mark.slow
-def test_demo_runs_offline_and_keeps_the_argmax_at_init(tmp_path, monkeypatch):
+def test_demo_smoke_trains_evaluates_and_caches(tmp_path, monkeypatch):
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    monkeypatch.setenv("DCOCO_CACHE", str(tmp_path / "cache"))
+    from dcoco import checkpoint, cli, demo
+
+    assert cli.main(["demo", "--smoke", "--no-progress", "--out", str(tmp_path / "out")]) == 0
+    res = json.loads((tmp_path / "out" / "demo-smollm2-smoke.json").read_text())
+    h = res["headline"]
+    assert all(h[k] is not None for k in KEYS) and h["lossless"] is True
+    assert set(h["coverage"]) == {"1", "2", "4", "8", "16"} and len(h["coverage"]["16"]) == demo.BLOCK - 1
+    assert h["tau_dflash"] >= 1 and h["tau_oracle_prefix_first"] >= h["tau_dflash"]
+    for suffix in ("tau", "coverage", "training"):
+        assert (tmp_path / "out" / f"demo-smollm2-smoke-{suffix}.png").stat().st_size > 0
+    work = tmp_path / "cache" / "demo-smoke"
+    assert {s: res["training"][s]["steps"] for s in ("dflash", "dcoco-drafter", "corrector")} == \
+        {"dflash": 3, "dcoco-drafter": 3, "corrector": 2}
+    drafter, corrector = checkpoint.load(work / "dcoco-drafter")  # the serving layout, corrector included
+    assert corrector is not None and drafter.config.block_size == demo.BLOCK
+    assert checkpoint.load(work / "dflash")[1] is None
+
+    # a second run finds every stage done and only evaluates
+    monkeypatch.setattr(demo, "train", lambda *a, **k: pytest.fail("a finished stage was trained again"))
+    monkeypatch.setattr(demo.corpus, "generate", lambda *a, **k: pytest.fail("the corpus was rebuilt"))
+    assert cli.main(["demo", "--smoke", "--no-progress", "--out", str(tmp_path / "again")]) == 0
+    again = json.loads((tmp_path / "again" / "demo-smollm2-smoke.json").read_text())
+    assert again["training"] == res["training"]
+    assert again["headline"]["tau_dflash"] == h["tau_dflash"]  # greedy decoding: the same rounds
+
+
+def test_demo_rejects_a_missing_suites_folder(tmp_path, monkeypatch):
+    monkeypatch.setenv("DCOCO_CACHE", str(tmp_path))
     from dcoco import cli
 
-    out = tmp_path / "demo.json"
-    assert cli.main(["demo", "--json", str(out)]) == 0
-    res = json.loads(out.read_text())
-    assert res["shapes"] == {"R": 1, "B": 15, "K": 16, "d": 576, "V": 49152}
-    assert res["identity_at_init"] and res["corrected"] == res["draft"]
-    assert res["top1_hit"][0]  # slot 1 sees the real context: the target's own next token
-    assert len(res["truth"]) == 15
+    with pytest.raises(SystemExit, match="suites"):
+        cli.main(["demo", "--smoke", "--suites", str(tmp_path / "nowhere")])
+
+
+def test_demo_corpus_ships_as_token_ids():
+    from importlib import resources
+
+    from dcoco import corpus, demo
+
+    f = resources.files("dcoco") / "data" / demo.CORPUS_FILE
+    assert f.stat().st_size < 2 * 2 ** 20
+    seqs = corpus.load_sequences(f)
+    assert len(seqs) >= 300 and all(p and r for p, r in seqs)
+    assert all(0 <= t < 49152 for p, r in seqs[:50] for t in p + r)

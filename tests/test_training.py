@@ -97,7 +97,7 @@ def test_corpus_contents_and_cache_hit(target, target_dir, corpus, monkeypatch):
         torch.testing.assert_close(s["hidden"].float(), feats, atol=2e-3, rtol=2e-3)
         assert torch.equal(s["labels"][1:], o.logits[0, :-1].argmax(-1))
     # a second build is a cache hit: no generation at all
-    monkeypatch.setattr(corpus_mod, "_generate", lambda *a: pytest.fail("cache miss"))
+    monkeypatch.setattr(corpus_mod, "generate", lambda *a: pytest.fail("cache miss"))
     again = corpus_mod.build_corpus(model, ids, corpus.path.parent, SETTINGS, progress=False)
     assert again.path == corpus.path and torch.equal(again.hidden, corpus.hidden)
     other = corpus_mod.CorpusSettings(TAPS, max_new_tokens=23, gen_batch=4, feat_batch=4)

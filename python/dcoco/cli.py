@@ -10,11 +10,22 @@ import sys
 def parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(prog="dcoco", description="DCOCO: coherent parallel speculative drafts")
     sub = ap.add_subparsers(dest="cmd", required=True)
-    demo = sub.add_parser("demo", help="the corrector on the embedded SmolLM2-135M target (offline)")
-    demo.add_argument("--prompt", default="Write a short poem about the sea.")
-    demo.add_argument("--device", default="cpu")
-    demo.add_argument("--json", metavar="FILE", help="also write the results as JSON")
+    demo = sub.add_parser("demo", help="the paper's experiment on the embedded SmolLM2-135M target, offline: train "
+                                       "DFlash, DCOCO and a frozen-drafter corrector, then evaluate them")
+    size = demo.add_mutually_exclusive_group()
+    size.add_argument("--full", dest="size", action="store_const", const="full",
+                      help="the recorded result: longer training, all 8 suites (about 90 min on 2 CPU cores)")
+    size.add_argument("--smoke", dest="size", action="store_const", const="smoke",
+                      help="a few steps of everything (about 2 min; what CI runs)")
+    demo.set_defaults(size="default")
+    demo.add_argument("--device", default="cpu", help="cpu or cuda (%(default)s)")
+    demo.add_argument("--suites", help="folder of the evaluation suites (default: ../shared/data/eval)")
+    demo.add_argument("--out", help="folder for the JSON and plots (default: the demo's cache folder)")
+    demo.add_argument("--no-progress", action="store_true")
     sub.add_parser("info", help="how dcoco was built and which devices it sees")
+    exp = sub.add_parser("export-smollm2", help="write the embedded SmolLM2-135M target as a transformers folder "
+                                                "(what vLLM serves)")
+    exp.add_argument("out", help="destination folder")
     _train_parser(sub.add_parser("train", help="train a DFlash drafter and/or the corrector (works under torchrun)"))
     _eval_parser(sub.add_parser("eval", help="tau, oracle tau, coverage and tokens/s over prompt suites, against "
                                              "target-only decoding in the same run"))
@@ -121,6 +132,10 @@ def main(argv=None) -> int:
         from . import build_info
         print(json.dumps(build_info(), indent=2))
         return 0
+    if args.cmd == "export-smollm2":
+        from . import smollm2
+        print(smollm2.export(args.out))
+        return 0
     if args.cmd == "train":
         from . import recipe
         cfg, kw = train_options(args)
@@ -140,12 +155,12 @@ def main(argv=None) -> int:
             raise SystemExit(f"dcoco eval: {e}") from None
         return 0 if res["lossless"] is not False else 1
     from . import demo as demo_mod
-    res = demo_mod.run(args.prompt, args.device)
+    try:
+        res = demo_mod.run(args.size, args.device, args.out, args.suites, progress=not args.no_progress)
+    except ValueError as e:
+        raise SystemExit(f"dcoco demo: {e}") from None
     demo_mod.show(res)
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump(res, f, indent=2)
-    return 0
+    return 0 if res["eval"]["lossless"] else 1
 
 
 if __name__ == "__main__":

@@ -25,7 +25,7 @@ def load_prompts(path: str | Path | None = None) -> list[str]:
     """Prompts from a JSONL file of {"prompt": ...} lines; default: the set shipped with dcoco."""
     src = resources.files("dcoco") / "data" / "prompts.jsonl" if path is None else Path(path)
     prompts = []
-    for n, line in enumerate(src.read_text(encoding="utf-8").splitlines(), 1):
+    for n, line in enumerate(src.read_text(encoding="utf-8").split("\n"), 1):
         if line.strip():
             p = json.loads(line).get("prompt")
             if not isinstance(p, str) or not p:
@@ -104,12 +104,26 @@ def fingerprint(model: torch.nn.Module) -> str:
     return h.hexdigest()
 
 
-def corpus_key(model: torch.nn.Module, prompt_ids: Sequence[Sequence[int]], settings: CorpusSettings) -> str:
+def corpus_key(model: torch.nn.Module, prompt_ids: Sequence[Sequence[int]], settings: CorpusSettings,
+               responses: Sequence[Sequence[int]] | None = None) -> str:
     h = hashlib.sha256(f"format={FORMAT}".encode())
     h.update(fingerprint(model).encode())
     h.update(json.dumps([list(p) for p in prompt_ids]).encode())
     h.update(json.dumps(dataclasses.asdict(settings)).encode())
+    if responses is not None:
+        h.update(json.dumps([list(r) for r in responses]).encode())
     return h.hexdigest()[:20]
+
+
+def load_sequences(path: str | Path) -> list[tuple[list[int], list[int]]]:
+    """[(prompt ids, response ids)] from a token-id corpus file (scripts/make_demo_corpus.py writes one: ids, the
+    concatenated sequences; lengths and prompt_lengths per sequence)."""
+    import numpy as np
+
+    with np.load(path) as z:
+        ids, lengths, prompts = z["ids"].astype(np.int64), z["lengths"], z["prompt_lengths"]
+    ends = np.cumsum(lengths)
+    return [(ids[e - n:e - n + p].tolist(), ids[e - n + p:e].tolist()) for e, n, p in zip(ends, lengths, prompts)]
 
 
 def _token_ids(value) -> list[int]:
@@ -117,24 +131,31 @@ def _token_ids(value) -> list[int]:
 
 
 def build_corpus(model: torch.nn.Module, prompt_ids: Sequence[Sequence[int]], cache_dir: str | Path,
-                 settings: CorpusSettings, eos_ids: Sequence[int] | int | None = None, progress: bool = True) -> Corpus:
-    """Load the cached corpus for (model, prompt_ids, settings), building it first on a miss.
+                 settings: CorpusSettings, eos_ids: Sequence[int] | int | None = None, progress: bool = True,
+                 responses: Sequence[Sequence[int]] | None = None) -> Corpus:
+    """Load the cached corpus for (model, prompt_ids, settings[, responses]), building it first on a miss.
 
     model: any transformers causal LM (eval mode; its device is used). eos_ids default to the model's
     generation config. Generation is greedy, batched with left padding, up to settings.max_new_tokens,
-    stopping at eos; the feature pass runs the full sequences right-padded."""
+    stopping at eos; the feature pass runs the full sequences right-padded. responses: the responses to use
+    instead of generating them (e.g. load_sequences of a shipped corpus); labels are still the model's argmax."""
     if not prompt_ids or not all(len(p) > 0 for p in prompt_ids):
         raise ValueError("prompt_ids: expected a non-empty list of non-empty token id lists")
+    if responses is not None and (len(responses) != len(prompt_ids) or not all(len(r) > 0 for r in responses)):
+        raise ValueError(f"responses: expected {len(prompt_ids)} non-empty token id lists, one per prompt")
     n_layers = model.config.num_hidden_layers
     if max(settings.layer_ids) >= n_layers:
         raise ValueError(f"settings.layer_ids: {list(settings.layer_ids)} out of range for a {n_layers}-layer target")
     eos = _token_ids(eos_ids if eos_ids is not None else model.generation_config.eos_token_id)
     if not eos:
         raise ValueError("eos_ids: the model's generation config names no eos token; pass eos_ids")
-    path = Path(cache_dir) / corpus_key(model, prompt_ids, settings)
+    path = Path(cache_dir) / corpus_key(model, prompt_ids, settings, responses)
     if (path / "meta.json").is_file():
         return Corpus(path)
-    seqs = _generate(model, prompt_ids, settings, eos, progress)
+    if responses is None:
+        seqs = generate(model, prompt_ids, settings, eos, progress)
+    else:
+        seqs = [(list(p), list(r)) for p, r in zip(prompt_ids, responses)]
     tmp = path.with_name(f"{path.name}.tmp{os.getpid()}")
     tmp.mkdir(parents=True, exist_ok=True)
     save_file(_features(model, seqs, settings, progress), str(tmp / "corpus.safetensors"))
@@ -150,7 +171,7 @@ def build_corpus(model: torch.nn.Module, prompt_ids: Sequence[Sequence[int]], ca
 
 
 @torch.no_grad()
-def _generate(model, prompt_ids, s: CorpusSettings, eos: list[int], progress: bool) -> list[tuple[list, list]]:
+def generate(model, prompt_ids, s: CorpusSettings, eos: list[int], progress: bool = True) -> list[tuple[list, list]]:
     """[(prompt, response)] in prompt order; the response ends at the first eos (kept) or the length cap."""
     from transformers import GenerationConfig
 

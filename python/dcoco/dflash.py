@@ -310,8 +310,8 @@ class DFlashDrafter(nn.Module):
     @staticmethod
     def compute_logits(hidden: torch.Tensor, lm_head: EmbedOrHead) -> torch.Tensor:
         """Logits (...,V) through the target's LM head (module, or its (V,d) weight)."""
-        if isinstance(lm_head, torch.Tensor):
-            return F.linear(hidden, lm_head.to(hidden.dtype))
+        if isinstance(lm_head, torch.Tensor):  # contiguous: a strided batch makes matmul expand the (V,d) weight
+            return F.linear(hidden.contiguous(), lm_head.to(hidden.dtype))
         if isinstance(lm_head, nn.Module):
             return lm_head(hidden)
         raise TypeError(f"lm_head: expected an nn.Module or a (V,d) weight tensor, got {type(lm_head).__name__}")

@@ -22,8 +22,17 @@ SUITES_HINT = ("prompt suites are JSONL files of {\"turns\": [...]} lines (the e
 
 
 def default_suites() -> Path:
-    """../shared/data/eval next to the repository (a source checkout)."""
-    return Path(__file__).resolve().parents[3] / "shared" / "data" / "eval"
+    """$DCOCO_SUITES, else ../shared/data/eval next to the repository: found from the package of a source checkout
+    (editable install), else from the working directory (a repository root)."""
+    import os
+
+    if os.environ.get("DCOCO_SUITES"):
+        return Path(os.environ["DCOCO_SUITES"])
+    rel = Path("shared") / "data" / "eval"
+    for root in (Path(__file__).resolve().parents[3], Path.cwd().resolve().parent):
+        if (root / rel).is_dir():
+            return root / rel
+    return Path(__file__).resolve().parents[3] / rel
 
 
 def load_suites(paths: Sequence[str | Path] | None = None, rows: int = 8) -> dict[str, list[str]]:
@@ -51,7 +60,7 @@ def load_suites(paths: Sequence[str | Path] | None = None, rows: int = 8) -> dic
         if f.stem in out:
             raise ValueError(f"suites: two suites named {f.stem!r} ({f})")
         prompts = []
-        for i, line in enumerate(f.read_text().splitlines()):
+        for i, line in enumerate(f.read_text(encoding="utf-8").split("\n")):
             if len(prompts) == rows:
                 break
             if not line.strip():

@@ -31,3 +31,24 @@ def load():
     tok = AutoTokenizer.from_pretrained(path.parent, gguf_file=path.name)
     model = AutoModelForCausalLM.from_pretrained(path.parent, gguf_file=path.name)
     return tok, model.eval()
+
+
+def export(path: str | os.PathLike) -> Path:
+    """Write the embedded target as a plain transformers folder (float32 safetensors + tokenizer), which vLLM and
+    other servers load: a GGUF-loaded model refuses save_pretrained, so its weights go into a fresh model."""
+    from transformers import AutoModelForCausalLM
+
+    path = Path(path)
+    if (path / "config.json").is_file() and (path / "model.safetensors").is_file():
+        return path
+    tok, gguf_model = load()
+    config = gguf_model.config
+    if hasattr(config, "quantization_config"):
+        del config.quantization_config
+    model = AutoModelForCausalLM.from_config(config)
+    model.load_state_dict(gguf_model.state_dict())
+    tmp = path.with_name(path.name + f".tmp{os.getpid()}")
+    model.save_pretrained(tmp)
+    tok.save_pretrained(tmp)
+    os.replace(tmp, path)
+    return path
