@@ -136,10 +136,15 @@ def methods(trained: dict, rules: tuple[str, ...]) -> dict[str, tuple]:
 
 
 def eval_texts(names: tuple[str, ...], rows: int, suites_dir=None) -> dict[str, list[str]]:
-    """The first rows of each named suite found in suites_dir (default ../shared/data/eval)."""
+    """The first rows of each named suite found in suites_dir (default ../shared/data/eval, the paper's suites;
+    without them, the small held-out set shipped in data/eval, written for dcoco and never trained on)."""
     from .evaluate import default_suites, load_suites
 
     root = Path(suites_dir) if suites_dir else default_suites()
+    if not suites_dir and not root.is_dir():
+        print(f"dcoco demo: no evaluation suites at {root}; evaluating dcoco's own held-out prompts instead "
+              f"(pass --suites for others)")
+        root = Path(str(resources.files("dcoco") / "data" / "eval"))
     files = [root / f"{n}.jsonl" for n in names]
     return load_suites([f for f in files if f.is_file()] or [root], rows)
 
