@@ -23,14 +23,13 @@ import time
 from importlib import resources
 from pathlib import Path
 
-import torch
 
 from . import checkpoint, corpus, smollm2
 from .corrector import Corrector
 from .dflash import DFlashDrafter
 from .recipe import SMOLLM2, SMOLLM2_TAPS, cache_dir, drafter_config, load_target
-from .evaluate import encode
-from .spec import KS, Engine, summarize, target_only
+from .evaluate import coverage_plot, decode_all, encode, load_suites
+from .spec import Engine, summarize
 from .training import TrainConfig, train
 
 EVAL_ROWS_RESERVED = 32  # the demo evaluates rows below this index of each suite; training never sees them
@@ -68,9 +67,7 @@ def training_prompts(suites_dir) -> list[str]:
     """The demo corpus's prompts: the set shipped with dcoco, then TRAIN_ROWS of each evaluation suite."""
     out = list(corpus.load_prompts())
     for name, n in TRAIN_ROWS.items():
-        lines = [ln for ln in (Path(suites_dir) / f"{name}.jsonl").read_text(encoding="utf-8").split("\n")
-                 if ln.strip()]
-        rows = [json.loads(ln)["turns"][0] for ln in lines[EVAL_ROWS_RESERVED:]]
+        rows = load_suites([Path(suites_dir) / f"{name}.jsonl"], rows=10 ** 9)[name][EVAL_ROWS_RESERVED:]
         random.Random(0).shuffle(rows)
         out += rows[:n]
     return out
@@ -138,7 +135,7 @@ def methods(trained: dict, rules: tuple[str, ...]) -> dict[str, tuple]:
 def eval_texts(names: tuple[str, ...], rows: int, suites_dir=None) -> dict[str, list[str]]:
     """The first rows of each named suite found in suites_dir (default ../shared/data/eval, the paper's suites;
     without them, the small held-out set shipped in data/eval, written for dcoco and never trained on)."""
-    from .evaluate import default_suites, load_suites
+    from .evaluate import default_suites
 
     root = Path(suites_dir) if suites_dir else default_suites()
     if not suites_dir and not root.is_dir():
@@ -149,36 +146,12 @@ def eval_texts(names: tuple[str, ...], rows: int, suites_dir=None) -> dict[str, 
     return load_suites([f for f in files if f.is_file()] or [root], rows)
 
 
-@torch.no_grad()
 def evaluate_all(model, engines: dict[str, Engine], prompts: dict[str, list], max_new_tokens: int,
                  progress: bool) -> dict:
-    """Greedy decodes of every prompt: target-only, then each engine in turn. {"methods": {name: {"overall",
-    "suites"}}, "target_only": ..., "lossless": bool, "mismatches": [...]}; rows are spec.summarize dicts."""
-    from tqdm.auto import tqdm
-
-    first = next(iter(prompts.values()))[0]
-    target_only(model, first, 2)
-    for e in engines.values():
-        e.generate(first, 2)
-    per = {m: {} for m in ["target-only", *engines]}
-    mismatches = []
-    bar = tqdm(total=sum(map(len, prompts.values())) * (1 + len(engines)), desc="eval", unit="decode",
-               disable=not progress)
-    for suite, ids_list in prompts.items():
-        res = {m: [] for m in per}
-        for i, ids in enumerate(ids_list):
-            ref = target_only(model, ids, max_new_tokens, eos_token_id=list(next(iter(engines.values())).eos))
-            res["target-only"].append(ref)
-            bar.update()
-            for name, e in engines.items():
-                r = e.generate(ids, max_new_tokens, reference=ref.tokens)
-                res[name].append(r)
-                if r.tokens != ref.tokens:
-                    mismatches.append({"method": name, "suite": suite, "row": i})
-                bar.update()
-        for m in per:
-            per[m][suite] = res[m]
-    bar.close()
+    """Greedy decodes of every prompt: target-only, then each engine in turn (evaluate.decode_all).
+    {"methods": {name: {"overall", "suites"}}, "lossless": bool, "mismatches": [...]}; rows are spec.summarize
+    dicts."""
+    per, mismatches = decode_all(model, engines, prompts, max_new_tokens, progress=progress)
     out = {"methods": {}, "lossless": not mismatches, "mismatches": mismatches}
     for m, suites in per.items():
         out["methods"][m] = {"overall": summarize([r for rs in suites.values() for r in rs]),
@@ -251,17 +224,8 @@ def plots(res: dict, work: Path, out: Path, prefix: str) -> list[Path]:
     fig.tight_layout()
     fig.savefig(paths[0], dpi=120)
     plt.close(fig)
-    fig, ax = plt.subplots(figsize=(6, 4))
-    cov = ev["methods"]["DFlash"]["overall"].get("coverage") or {}
-    for k in KS:
-        ys = cov.get(k) or []
-        ax.plot(range(1, len(ys) + 1), [float("nan") if y is None else y for y in ys], marker="o", label=f"top-{k}")
-    ax.set(xlabel="drafted slot", ylabel="coverage", ylim=(0, 1),
-           title="DFlash drafter: verifier token in its top-k")
-    ax.legend()
-    fig.tight_layout()
-    fig.savefig(paths[1], dpi=120)
-    plt.close(fig)
+    coverage_plot(ev["methods"]["DFlash"]["overall"].get("coverage"), paths[1],
+                  "DFlash drafter: verifier token in its top-k")
     fig, ax = plt.subplots(figsize=(6, 4))
     after = res["training"]["dflash"]["steps"]  # the corrector stage starts from the trained DFlash drafter
     for stage, key, label, x0 in (("dflash", "tau_dflash", "DFlash drafter", 0),

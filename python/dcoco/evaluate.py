@@ -95,46 +95,63 @@ def _row(spec: dict, base: dict) -> dict:
 
 
 @torch.no_grad()
-def evaluate(target: nn.Module, engine: Engine, suites: Mapping[str, Sequence[list[int]]], max_new_tokens: int = 64,
-             temperature: float = 0.0, top_p: float = 1.0, top_k: int = 0, seed: int = 0,
-             progress: bool = True) -> dict:
-    """Decode every prompt (token ids) of every suite twice, target-only then with the engine, alternating so
-    both see the same machine state. Returns {"suites": {name: row}, "overall": row, "lossless": bool | None,
-    "mismatches": [...]}; a row has tau, tau_oracle_walk, tau_oracle_prefix_first (greedy only),
-    transition_hit_rate (greedy, with a corrector), tps_spec, tps_target_only, speedup, coverage {k: per slot},
-    accept_rate and both summarize() dicts. Greedy: the engine must reproduce target-only exactly (lossless is
-    False and mismatches lists {suite, row, first_diff} otherwise); sampling: lossless is None."""
+def decode_all(target: nn.Module, engines: Mapping[str, Engine], suites: Mapping[str, Sequence[list[int]]],
+               max_new_tokens: int = 64, temperature: float = 0.0, top_p: float = 1.0, top_k: int = 0,
+               seed: int = 0, progress: bool = True) -> tuple[dict[str, dict[str, list[Result]]], list[dict]]:
+    """Decode every prompt (token ids) of every suite target-only, then with each engine in turn, so all see the
+    same machine state. Returns ({"target-only" or engine name: {suite: [Result]}}, mismatches): greedy
+    decodes must reproduce target-only exactly; a mismatch is {method, suite, row, first_diff}."""
     from tqdm.auto import tqdm
 
     if not suites or not all(suites.values()):
         raise ValueError("suites: expected at least one suite, each with at least one prompt")
     kw = dict(temperature=temperature, top_p=top_p, top_k=top_k)
     greedy = temperature == 0
+    eos = list(next(iter(engines.values())).eos)
     first = next(iter(suites.values()))[0]
     target_only(target, first, 2, **kw)  # warm-up: the first call of each path pays one-off costs
-    engine.generate(first, 2, **kw)
-    bar = tqdm(total=sum(map(len, suites.values())), desc="eval", unit="prompt", disable=not progress)
-    rows: dict[str, dict] = {}
-    every: tuple[list[Result], list[Result]] = ([], [])
+    for e in engines.values():
+        e.generate(first, 2, **kw)
+    bar = tqdm(total=sum(map(len, suites.values())) * (1 + len(engines)), desc="eval", unit="decode",
+               disable=not progress)
+    out: dict[str, dict[str, list[Result]]] = {m: {} for m in ("target-only", *engines)}
     mismatches = []
     for name, prompts in suites.items():
-        spec, base = [], []
+        for m in out:
+            out[m][name] = []
         for i, ids in enumerate(prompts):
-            g0, g1 = [None] * 2 if greedy else [torch.Generator().manual_seed(seed + i) for _ in range(2)]
-            base.append(target_only(target, ids, max_new_tokens, generator=g0, eos_token_id=list(engine.eos), **kw))
-            ref = base[-1].tokens if greedy else None
-            spec.append(engine.generate(ids, max_new_tokens, generator=g1, reference=ref, **kw))
-            if greedy and spec[-1].tokens != ref:
-                diff = next((j for j, (a, b) in enumerate(zip(spec[-1].tokens, ref)) if a != b),
-                            min(len(ref), len(spec[-1].tokens)))
-                mismatches.append({"suite": name, "row": i, "first_diff": diff})
+            gen = (lambda: None) if greedy else (lambda: torch.Generator().manual_seed(seed + i))
+            base = target_only(target, ids, max_new_tokens, generator=gen(), eos_token_id=eos, **kw)
+            out["target-only"][name].append(base)
             bar.update()
-        rows[name] = _row(summarize(spec), summarize(base))
-        every[0].extend(spec)
-        every[1].extend(base)
+            ref = base.tokens if greedy else None
+            for m, e in engines.items():
+                r = e.generate(ids, max_new_tokens, generator=gen(), reference=ref, **kw)
+                out[m][name].append(r)
+                if greedy and r.tokens != ref:
+                    diff = next((j for j, (a, b) in enumerate(zip(r.tokens, ref)) if a != b),
+                                min(len(ref), len(r.tokens)))
+                    mismatches.append({"method": m, "suite": name, "row": i, "first_diff": diff})
+                bar.update()
     bar.close()
-    return {"suites": rows, "overall": _row(summarize(every[0]), summarize(every[1])),
-            "lossless": not mismatches if greedy else None, "mismatches": mismatches}
+    return out, mismatches
+
+
+def evaluate(target: nn.Module, engine: Engine, suites: Mapping[str, Sequence[list[int]]], max_new_tokens: int = 64,
+             temperature: float = 0.0, top_p: float = 1.0, top_k: int = 0, seed: int = 0,
+             progress: bool = True) -> dict:
+    """decode_all with one engine. Returns {"suites": {name: row}, "overall": row, "lossless": bool | None,
+    "mismatches": [...]}; a row has tau, tau_oracle_walk, tau_oracle_prefix_first (greedy only),
+    transition_hit_rate (greedy, with a corrector), tps_spec, tps_target_only, speedup, coverage {k: per slot},
+    accept_rate and both summarize() dicts. Greedy: lossless is False and mismatches lists {suite, row,
+    first_diff} when the engine's output differs from target-only; sampling: lossless is None."""
+    res, mismatches = decode_all(target, {"spec": engine}, suites, max_new_tokens, temperature, top_p, top_k, seed,
+                                 progress)
+    spec, base = res["spec"], res["target-only"]
+    rows = {name: _row(summarize(spec[name]), summarize(base[name])) for name in suites}
+    overall = _row(summarize([r for rs in spec.values() for r in rs]), summarize([r for rs in base.values() for r in rs]))
+    return {"suites": rows, "overall": overall, "lossless": not mismatches if temperature == 0 else None,
+            "mismatches": [{k: v for k, v in m.items() if k != "method"} for m in mismatches]}
 
 
 def _fmt(x, spec: str = ".2f") -> str:
@@ -152,29 +169,37 @@ def table(res: dict) -> str:
     return "\n".join(lines)
 
 
+def coverage_plot(coverage: Mapping | None, path: Path, title: str) -> None:
+    """coverage {k: per-slot rate} (spec.summarize) as one line per k in KS, saved to path."""
+    import matplotlib
+    matplotlib.use("Agg")  # files only, no display
+    import matplotlib.pyplot as plt
+    import matplotlib.ticker
+
+    fig, ax = plt.subplots(figsize=(6, 4))
+    for k in KS:
+        ys = (coverage or {}).get(k) or []
+        ax.plot(range(1, len(ys) + 1), [float("nan") if y is None else y for y in ys], marker="o", label=f"top-{k}")
+    ax.set(xlabel="drafted slot", ylabel="coverage", ylim=(0, 1), title=title)
+    ax.xaxis.set_major_locator(matplotlib.ticker.MaxNLocator(integer=True))
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
 def write(res: dict, out: str | Path) -> list[Path]:
     """results.json, coverage.png (overall coverage per slot, one line per k in KS) and tau.png (tau and the
     prefix-first oracle tau per suite) under out; returns the paths."""
     import matplotlib
     matplotlib.use("Agg")  # files only, no display
     import matplotlib.pyplot as plt
-    import matplotlib.ticker
 
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     paths = [out / "results.json", out / "coverage.png", out / "tau.png"]
     paths[0].write_text(json.dumps(res, indent=2))
-    fig, ax = plt.subplots(figsize=(6, 4))
-    cov = res["overall"]["coverage"] or {}
-    for k in KS:
-        ys = cov.get(k) or []
-        ax.plot(range(1, len(ys) + 1), [float("nan") if y is None else y for y in ys], marker="o", label=f"top-{k}")
-    ax.set(xlabel="drafted slot", ylabel="coverage", ylim=(0, 1), title="verifier token in the drafter's top-k")
-    ax.xaxis.set_major_locator(matplotlib.ticker.MaxNLocator(integer=True))
-    ax.legend()
-    fig.tight_layout()
-    fig.savefig(paths[1], dpi=120)
-    plt.close(fig)
+    coverage_plot(res["overall"]["coverage"], paths[1], "verifier token in the drafter's top-k")
     names = list(res["suites"])
     x = list(range(len(names)))
     fig, ax = plt.subplots(figsize=(max(4, 1.2 * len(names)), 4))
