@@ -26,8 +26,9 @@ def test_demo_smoke_trains_evaluates_and_caches(tmp_path, monkeypatch):
     for suffix in ("tau", "coverage", "training"):
         assert (tmp_path / "out" / f"demo-smollm2-smoke-{suffix}.png").stat().st_size > 0
     work = tmp_path / "cache" / "demo-smoke"
-    assert {s: res["training"][s]["steps"] for s in ("dflash", "dcoco-drafter", "corrector")} == \
-        {"dflash": 3, "dcoco-drafter": 3, "corrector": 2}
+    assert {s: v["steps"] for s, v in res["training"].items()} == \
+        {"dflash": 3, "dflash-long": 2, "dcoco-drafter": 2, "corrector": 2}
+    assert {v["mode"] for v in res["training"].values()} == {"drafter", "joint", "corrector"}
     drafter, corrector = checkpoint.load(work / "dcoco-drafter")  # the serving layout, corrector included
     assert corrector is not None and drafter.config.block_size == demo.BLOCK
     assert checkpoint.load(work / "dflash")[1] is None

@@ -29,6 +29,8 @@ def parser() -> argparse.ArgumentParser:
     _train_parser(sub.add_parser("train", help="train a DFlash drafter and/or the corrector (works under torchrun)"))
     _eval_parser(sub.add_parser("eval", help="tau, oracle tau, coverage and tokens/s over prompt suites, against "
                                              "target-only decoding in the same run"))
+    _bench_parser(sub.add_parser("bench", help="the paper's serving benchmark (tokens/s and tau per suite) against "
+                                               "an OpenAI-compatible server; `dcoco bench compare RUN...` joins runs"))
     return ap
 
 
@@ -110,6 +112,56 @@ def _eval_parser(p: argparse.ArgumentParser) -> None:
     p.add_argument("--no-progress", action="store_true")
 
 
+def _bench_parser(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--endpoint", help="the server's base URL, e.g. http://localhost:8000 (required)")
+    p.add_argument("--model", help="the served model name (required)")
+    p.add_argument("--out", help="run folder: requests.jsonl, batches.jsonl, run.json, table.md, PNGs (required); "
+                                 "rerunning with the same --out resumes: requests done are kept, failed ones redone")
+    p.add_argument("--suites", nargs="+", help="folders of *.jsonl suites or .jsonl files, every turn of each "
+                                               "{\"turns\": [...]} line used (default: ../shared/data/eval)")
+    p.add_argument("--only", help="comma-separated suite names (default: every suite found)")
+    p.add_argument("--hub", action="store_true", help="fetch Alpaca and SPEED-Bench from the Hugging Face hub when "
+                                                      "--suites lacks them (needs `datasets` and a network)")
+    p.add_argument("--rows", help="rows per suite drawn with seed 1234, or 'all' (default: the paper's subsets: 128, "
+                                  "all of AIME-25 and MT-Bench, 80 per SPEED-Bench category)")
+    p.add_argument("--max-tokens", type=int, default=2048, help="new tokens per answer, at most (%(default)s)")
+    p.add_argument("--seeds", default="greedy,42,43,44", help="'greedy' and sampling seeds (%(default)s)")
+    p.add_argument("--temperature", type=float, default=1.0, help="of the seeded runs (%(default)s)")
+    p.add_argument("--concurrency", default="1", help="requests in flight, comma-separated to sweep, e.g. "
+                                                      "1,4,8,16,32 (%(default)s)")
+    p.add_argument("--timeout", type=float, default=600.0, help="seconds to wait for each answer (%(default)s)")
+    p.add_argument("--thinking", action="store_true", help="thinking on (chat_template_kwargs.enable_thinking)")
+    p.add_argument("--no-progress", action="store_true")
+    sub = p.add_subparsers(dest="bench_cmd", metavar="compare")
+    c = sub.add_parser("compare", help="join runs into one table with speedups over the no-spec run, plus plots")
+    c.add_argument("runs", nargs="+", metavar="RUN", help="run folders of `dcoco bench` or their run.json")
+    c.add_argument("--out", required=True, help="folder for compare.md, compare.json and the PNGs")
+    c.add_argument("--labels", help="comma-separated run names (default: each run's folder name)")
+    c.add_argument("--baseline", help="the no-spec run's name (default: the run without spec-decode counters)")
+
+
+def _bench(args: argparse.Namespace) -> int:
+    from . import serve_bench, serve_bench_report as report
+
+    try:
+        if args.bench_cmd == "compare":
+            j = report.compare(args.runs, args.labels.split(",") if args.labels else None, args.baseline)
+            print(report.compare_table(j))
+            print(f"wrote {', '.join(map(str, report.write_compare(j, args.out)))}")
+            return 0
+        missing = [f"--{k}" for k in ("endpoint", "model", "out") if getattr(args, k) is None]
+        if missing:
+            raise ValueError(f"the following arguments are required: {', '.join(missing)}")
+        _, failed = serve_bench.run(
+            args.endpoint, args.model, args.out, args.suites, args.only.split(",") if args.only else None, args.hub,
+            serve_bench.parse_rows(args.rows), args.max_tokens, serve_bench.parse_seeds(args.seeds),
+            args.temperature, serve_bench.parse_concurrency(args.concurrency), args.timeout, args.thinking,
+            progress=not args.no_progress)
+    except ValueError as e:
+        raise SystemExit(f"dcoco bench: {e}") from None
+    return 1 if failed else 0
+
+
 def train_options(args: argparse.Namespace) -> tuple:
     """(TrainConfig, keyword arguments of recipe.run) from parsed `dcoco train` arguments."""
     from .training import TrainConfig
@@ -154,6 +206,8 @@ def main(argv=None) -> int:
         except ValueError as e:
             raise SystemExit(f"dcoco eval: {e}") from None
         return 0 if res["lossless"] is not False else 1
+    if args.cmd == "bench":
+        return _bench(args)
     from . import demo as demo_mod
     try:
         res = demo_mod.run(args.size, args.device, args.out, args.suites, progress=not args.no_progress)

@@ -3,9 +3,11 @@ CPU or GPU.
 
 1. corpus: the target's own greedy responses shipped as token ids (data/smollm2-corpus.npz, made by
    scripts/make_demo_corpus.py); one teacher-forced target pass computes features and labels here.
-2. DFlash: a drafter trained alone (DFlash loss).
-3. corrector: a corrector trained on the frozen DFlash drafter (L_corr only): the same drafter, corrected.
-4. DCOCO: a second drafter, same steps, trained jointly with a corrector from scratch (DFlash loss + L_corr).
+2. DFlash: a drafter trained alone (DFlash loss), `steps` steps.
+3. DCOCO, the paper's recipe: that drafter trained on jointly with a fresh corrector (DFlash loss + L_corr) for
+   `joint_steps` more steps. The DFlash baseline gets the same budget: the same drafter trained on alone for
+   `joint_steps` more steps (dflash-long), so extra training is not credited to the corrector.
+4. corrector: a corrector trained on the frozen dflash-long drafter (L_corr only): the baseline, corrected.
 5. eval: prompts from rows of ../shared/data/eval that no training prompt came from, decoded target-only and
    by every method in turn (same machine state): tau, tokens/s, speedup, coverage, the prefix-first oracle, and
    a greedy losslessness check.
@@ -16,6 +18,7 @@ second run only evaluates."""
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import json
 import random
@@ -44,8 +47,9 @@ LAYERS, BLOCK = 3, 8  # 3 layers cost little next to the 49k-row LM head; 99% of
 @dataclasses.dataclass(frozen=True)
 class Size:
     sequences: int | None  # corpus sequences (None: all)
-    steps: int             # drafter steps, the same for the DFlash and the DCOCO drafter
-    corrector_steps: int   # the corrector on the frozen DFlash drafter
+    steps: int             # DFlash drafter steps from scratch
+    joint_steps: int       # then, from that drafter: joint DCOCO steps, and as many DFlash-only steps (baseline)
+    corrector_steps: int   # the corrector on the frozen baseline drafter
     suites: tuple[str, ...]
     rows: int              # evaluated prompts per suite
     max_new_tokens: int
@@ -57,9 +61,9 @@ class Size:
 
 ALL_SUITES = ("gsm8k", "math500", "aime25", "humaneval", "mbpp", "livecodebench", "mt-bench", "arena-hard-v2")
 SIZES = {
-    "smoke": Size(16, 3, 2, ("gsm8k", "mbpp"), 1, 12, ("greedy",)),
-    "default": Size(400, 250, 150, ("gsm8k", "math500", "humaneval", "mt-bench"), 2, 48, ("greedy",)),
-    "full": Size(None, 1300, 800, ALL_SUITES, 4, 64, ("greedy", "global", "geometric")),
+    "smoke": Size(16, 3, 2, 2, ("gsm8k", "mbpp"), 1, 12, ("greedy",)),
+    "default": Size(400, 200, 120, 150, ("gsm8k", "math500", "humaneval", "mt-bench"), 2, 48, ("greedy",)),
+    "full": Size(None, 1300, 800, 1200, ALL_SUITES, 4, 64, ("greedy", "global", "geometric")),
 }
 
 
@@ -103,8 +107,9 @@ def _stage(out: Path, cfg: TrainConfig, data: corpus.Corpus, embed, head, drafte
 
 
 def train_all(size: Size, work: Path, data: corpus.Corpus, model, tok, device: str, progress: bool) -> dict:
-    """{name: (drafter, corrector, info)} for dflash, corrector (on the frozen dflash drafter) and dcoco-drafter
-    (a fresh drafter trained jointly with a fresh corrector, the same number of steps as dflash)."""
+    """{name: (drafter, corrector, info)} for dflash (from scratch), dflash-long (dflash + joint_steps DFlash-only
+    steps: the baseline), dcoco-drafter (dflash + joint_steps joint steps with a fresh corrector) and corrector
+    (on the frozen dflash-long drafter). Training mutates its drafter, hence the copies."""
     embed = model.get_input_embeddings().weight.detach()
     head = model.get_output_embeddings().weight.detach()
     dcfg = drafter_config(model, tok, LAYERS, SMOLLM2_TAPS, BLOCK, smollm2.MASK_TOKEN_ID)
@@ -113,16 +118,17 @@ def train_all(size: Size, work: Path, data: corpus.Corpus, model, tok, device: s
         return TrainConfig(mode=mode, steps=steps, device=device, save_every=100, log_every=max(1, steps // 10))
 
     out = {"dflash": _stage(work / "dflash", cfg("drafter", size.steps), data, embed, head, dcfg, progress=progress)}
+    for name, mode in (("dflash-long", "drafter"), ("dcoco-drafter", "joint")):
+        out[name] = _stage(work / name, cfg(mode, size.joint_steps), data, embed, head,
+                           copy.deepcopy(out["dflash"][0]), progress=progress)
     out["corrector"] = _stage(work / "corrector", cfg("corrector", size.corrector_steps), data, embed, head,
-                              out["dflash"][0], progress=progress)
-    out["dcoco-drafter"] = _stage(work / "dcoco-drafter", cfg("joint", size.steps), data, embed, head, dcfg,
-                                  progress=progress)
+                              out["dflash-long"][0], progress=progress)
     return out
 
 
 def methods(trained: dict, rules: tuple[str, ...]) -> dict[str, tuple]:
-    """{method: (drafter, corrector or None, rule)}, DFlash first."""
-    d0, _, _ = trained["dflash"]
+    """{method: (drafter, corrector or None, rule)}, DFlash (the baseline with DCOCO's budget) first."""
+    d0, _, _ = trained["dflash-long"]
     d1, c1, _ = trained["dcoco-drafter"]
     _, c2, _ = trained["corrector"]
     out = {"DFlash": (d0, None, "greedy")}
@@ -227,11 +233,13 @@ def plots(res: dict, work: Path, out: Path, prefix: str) -> list[Path]:
     coverage_plot(ev["methods"]["DFlash"]["overall"].get("coverage"), paths[1],
                   "DFlash drafter: verifier token in its top-k")
     fig, ax = plt.subplots(figsize=(6, 4))
-    after = res["training"]["dflash"]["steps"]  # the corrector stage starts from the trained DFlash drafter
+    t = res["training"]  # continued stages are drawn from the step where their drafter's training left off
+    base, long = t["dflash"]["steps"], t["dflash"]["steps"] + t["dflash-long"]["steps"]
     for stage, key, label, x0 in (("dflash", "tau_dflash", "DFlash drafter", 0),
-                                  ("corrector", "tau_dcoco", "frozen DFlash drafter + corrector", after),
-                                  ("dcoco-drafter", "tau_dflash", "DCOCO drafter (joint), argmax", 0),
-                                  ("dcoco-drafter", "tau_dcoco", "DCOCO drafter (joint) + corrector", 0)):
+                                  ("dflash-long", "tau_dflash", "DFlash drafter, continued (baseline)", base),
+                                  ("dcoco-drafter", "tau_dflash", "DCOCO drafter (joint), argmax", base),
+                                  ("dcoco-drafter", "tau_dcoco", "DCOCO drafter (joint) + corrector", base),
+                                  ("corrector", "tau_dcoco", "frozen baseline drafter + corrector", long)):
         log = work / stage / "log.jsonl"
         if log.is_file():
             recs = [json.loads(ln) for ln in log.read_text().split("\n") if ln.strip()]
@@ -239,7 +247,7 @@ def plots(res: dict, work: Path, out: Path, prefix: str) -> list[Path]:
             xs = [x0 + recs[i]["step"] for i in range(0, len(recs) - n + 1, n)]
             ys = [sum(r[key] for r in recs[i:i + n]) / n for i in range(0, len(recs) - n + 1, n)]
             ax.plot(xs, ys, label=label)
-    ax.set(xlabel="step (the frozen-drafter corrector starts after the DFlash drafter's)",
+    ax.set(xlabel="drafter step (the frozen-drafter corrector starts after the baseline's)",
            ylabel="teacher-forced tau", title="training batches (moving mean)")
     ax.legend()
     fig.tight_layout()

@@ -35,30 +35,37 @@ def default_suites() -> Path:
     return Path(__file__).resolve().parents[3] / rel
 
 
-def load_suites(paths: Sequence[str | Path] | None = None, rows: int = 8) -> dict[str, list[str]]:
-    """{suite name (file stem): the first user turn of its first `rows` lines}. paths: folders (every *.jsonl
-    in them) or .jsonl files; None = default_suites(). ValueError names what is missing or malformed."""
-    if isinstance(rows, bool) or not isinstance(rows, int) or rows < 1:
-        raise ValueError(f"rows: expected an integer >= 1, got {rows!r}")
+def suite_files(paths: Sequence[str | Path] | None, arg: str = "suites") -> list[Path]:
+    """The .jsonl files named by paths (folders: every *.jsonl in them; None: default_suites()), distinct stems.
+    ValueError, prefixed with arg, names what is missing."""
     if not paths:
         if not default_suites().is_dir():
-            raise ValueError(f"suites: no default suites at {default_suites()}; {SUITES_HINT}")
+            raise ValueError(f"{arg}: no default suites at {default_suites()}; {SUITES_HINT}")
         paths = [default_suites()]
     files: list[Path] = []
     for p in map(Path, paths):
         if p.is_dir():
             found = sorted(p.glob("*.jsonl"))
             if not found:
-                raise ValueError(f"suites: no *.jsonl files in {p}; {SUITES_HINT}")
+                raise ValueError(f"{arg}: no *.jsonl files in {p}; {SUITES_HINT}")
             files += found
         elif p.is_file():
             files.append(p)
         else:
-            raise ValueError(f"suites: {p} does not exist; {SUITES_HINT}")
+            raise ValueError(f"{arg}: {p} does not exist; {SUITES_HINT}")
+    for i, f in enumerate(files):
+        if f.stem in (g.stem for g in files[:i]):
+            raise ValueError(f"{arg}: two suites named {f.stem!r} ({f})")
+    return files
+
+
+def load_suites(paths: Sequence[str | Path] | None = None, rows: int = 8) -> dict[str, list[str]]:
+    """{suite name (file stem): the first user turn of its first `rows` lines}. paths: folders (every *.jsonl
+    in them) or .jsonl files; None = default_suites(). ValueError names what is missing or malformed."""
+    if isinstance(rows, bool) or not isinstance(rows, int) or rows < 1:
+        raise ValueError(f"rows: expected an integer >= 1, got {rows!r}")
     out: dict[str, list[str]] = {}
-    for f in files:
-        if f.stem in out:
-            raise ValueError(f"suites: two suites named {f.stem!r} ({f})")
+    for f in suite_files(paths):
         prompts = []
         for i, line in enumerate(f.read_text(encoding="utf-8").split("\n")):
             if len(prompts) == rows:

@@ -1,0 +1,453 @@
+"""What `dcoco bench` runs: the paper's serving benchmark against any OpenAI-compatible server (vLLM, SGLang, ...).
+
+Every conversation of every suite is sent through /v1/chat/completions, once per setting (greedy or a sampling
+seed) and concurrency; per request the figure is generated tokens / wall time including prefill. Per suite: the
+median of those at concurrency 1, aggregate output tokens/s (tokens / wall time of the suite's batch) above it,
+and tau = 1 + accepted / drafts from the server's spec-decode counters (/metrics scraped around each batch).
+Records are appended to requests.jsonl and batches.jsonl as they finish; rerunning with the same --out resumes.
+Tables and plots: serve_bench_report."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import random
+import re
+import statistics
+import sys
+import time
+from collections.abc import Sequence
+from pathlib import Path
+
+from .evaluate import suite_files
+
+# the paper's ten suites in its table order: file stem -> (domain, name shown)
+SUITES = {"math500": ("Math", "MATH-500"), "aime25": ("Math", "AIME-25"), "gsm8k": ("Math", "GSM8K"),
+          "humaneval": ("Code", "HumanEval"), "mbpp": ("Code", "MBPP"), "livecodebench": ("Code", "LiveCodeBench"),
+          "mt-bench": ("General", "MT-Bench"), "arena-hard-v2": ("General", "Arena-Hard-v2"),
+          "alpaca": ("General", "Alpaca"), "speed-bench": ("General", "SPEED-Bench")}
+SEED = 1234  # the paper's subset seed
+ROWS = 128  # the paper's rows per suite; smaller suites (AIME-25: 30, MT-Bench: 80) are taken whole
+PER_CATEGORY = 80  # SPEED-Bench: 80 rows of each category
+# suites not in ../shared/data/eval: hub dataset, config, split
+HUB = {"alpaca": ("tatsu-lab/alpaca", None, "train"), "speed-bench": ("nvidia/SPEED-Bench", "qualitative", "test")}
+COUNTERS = {"vllm:spec_decode_num_drafts": "drafts", "vllm:spec_decode_num_draft_tokens": "draft_tokens",
+            "vllm:spec_decode_num_accepted_tokens": "accepted"}
+PER_POS = "vllm:spec_decode_num_accepted_tokens_per_pos"
+SAME = ("model", "max_tokens", "temperature", "thinking")  # what a resumed run must share with the first
+ALL = -1  # --rows all
+WARMUP = "Say hello."
+_SAMPLE = re.compile(r"^([A-Za-z_:][\w:]*)(?:\{(.*)\})?\s+(\S+)")  # name{labels} value [timestamp]
+_LABEL = re.compile(r'(\w+)="((?:[^"\\]|\\.)*)"')
+
+
+def parse_rows(text: str | None) -> int | None:
+    """--rows: None (the paper's subsets), 'all' (ALL) or an integer >= 1."""
+    if text is None:
+        return None
+    if text == "all":
+        return ALL
+    if not text.isdigit() or int(text) < 1:
+        raise ValueError(f"--rows: expected an integer >= 1 or 'all', got {text!r}")
+    return int(text)
+
+
+def parse_seeds(text: str) -> list[int | None]:
+    """--seeds: 'greedy' (None) and integer sampling seeds, comma-separated."""
+    out = []
+    for s in text.split(","):
+        s = s.strip()
+        if s != "greedy" and not s.lstrip("-").isdigit():
+            raise ValueError(f"--seeds: expected 'greedy' and/or integer seeds, comma-separated, got {text!r}")
+        out.append(None if s == "greedy" else int(s))
+    if len(set(out)) != len(out):
+        raise ValueError(f"--seeds: {text!r} repeats a setting")
+    return out
+
+
+def parse_concurrency(text: str) -> list[int]:
+    """--concurrency: integers >= 1, comma-separated."""
+    parts = [s.strip() for s in text.split(",")]
+    if not all(p.isdigit() and int(p) >= 1 for p in parts) or len(set(parts)) != len(parts):
+        raise ValueError(f"--concurrency: expected distinct integers >= 1, comma-separated, got {text!r}")
+    return [int(p) for p in parts]
+
+
+def order(names) -> list[str]:
+    """The paper's table order, then other suites by name."""
+    return sorted(names, key=lambda n: (list(SUITES).index(n) if n in SUITES else len(SUITES), n))
+
+
+def _read(path: Path) -> list[dict]:
+    rows = []
+    for i, line in enumerate(path.read_text(encoding="utf-8").split("\n")):
+        if not line.strip():
+            continue
+        try:
+            row = json.loads(line)
+            turns = row["turns"]
+        except (json.JSONDecodeError, KeyError, TypeError):
+            raise ValueError(f"--suites: {path} line {i + 1}: expected {{\"turns\": [...]}}") from None
+        if not (isinstance(turns, list) and turns and all(isinstance(t, str) for t in turns)):
+            raise ValueError(f"--suites: {path} line {i + 1}: turns must be a non-empty list of strings")
+        rows.append({"turns": turns, **({"category": row["category"]} if "category" in row else {})})
+    if not rows:
+        raise ValueError(f"--suites: {path} has no rows")
+    return rows
+
+
+def load(paths: Sequence[str | Path] | None = None) -> dict[str, list[dict]]:
+    """{suite (file stem): rows {"turns": [...], "category"?}} in table order, every turn kept. paths: folders
+    (every *.jsonl in them) or .jsonl files; None = default_suites()."""
+    out = {f.stem: _read(f) for f in suite_files(paths, "--suites")}
+    return {n: out[n] for n in order(out)}
+
+
+def _draw(idx: Sequence[int], n: int) -> list[int]:
+    return list(idx) if n == ALL or len(idx) <= n else random.Random(SEED).sample(list(idx), n)
+
+
+def subset(name: str, rows: Sequence[dict], n: int | None = None) -> list[int]:
+    """Row indices, in file order. n None: the paper's subset, ROWS rows drawn with random.Random(SEED).sample
+    (a smaller suite whole; SPEED-Bench: PER_CATEGORY rows of each category when its rows carry one); n >= 1: n
+    rows drawn the same way; ALL: all."""
+    if n is None and name == "speed-bench" and all("category" in r for r in rows):
+        by: dict[str, list[int]] = {}
+        for i, r in enumerate(rows):
+            by.setdefault(str(r["category"]), []).append(i)
+        return sorted(i for c in sorted(by) for i in _draw(by[c], PER_CATEGORY))
+    return sorted(_draw(range(len(rows)), ROWS if n is None else n))
+
+
+def hub(names: Sequence[str], dest: Path) -> None:
+    """Fetch the named suites (keys of HUB) through `datasets` into dest as {"turns": [...]} JSONL."""
+    offline = (f"offline, save them as JSONL files named {', '.join(n + '.jsonl' for n in names)} (one "
+               f"{{\"turns\": [...]}} line per prompt; SPEED-Bench rows may carry its \"category\") and pass their "
+               f"folder with --suites")
+    try:
+        import datasets
+    except ImportError:
+        raise SystemExit(f"dcoco bench: --hub needs the `datasets` package (pip install datasets) and a network; "
+                         f"{offline}") from None
+    dest.mkdir(parents=True, exist_ok=True)
+    for name in names:
+        repo, config, split = HUB[name]
+        try:
+            ds = datasets.load_dataset(repo, config, split=split)
+        except Exception as e:  # noqa: BLE001 (datasets raises many kinds: network, auth, format)
+            raise SystemExit(f"dcoco bench: --hub could not fetch {name} ({repo}): {type(e).__name__}: {e}; "
+                             f"{offline}") from None
+        if name == "alpaca":  # instruction, optional input
+            rows = [{"turns": [r["instruction"] + (f"\n\n{r['input']}" if r.get("input") else "")]} for r in ds]
+        else:
+            rows = [{"turns": list(r["turns"]), "category": r["category"]} for r in ds]
+        (dest / f"{name}.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows), encoding="utf-8")
+
+
+def counters(text: str) -> dict | None:
+    """{drafts, draft_tokens, accepted, per_pos: {position: accepted}} summed over label sets (engines, models)
+    from Prometheus text; None without spec-decode counters (a server without speculation)."""
+    out: dict = {"per_pos": {}}
+    for line in text.splitlines():
+        m = _SAMPLE.match(line)
+        if not m or not m[1].endswith("_total"):
+            continue
+        name, value = m[1].removesuffix("_total"), float(m[3])
+        if name in COUNTERS:
+            out[COUNTERS[name]] = out.get(COUNTERS[name], 0.0) + value
+        elif name == PER_POS:
+            pos = dict(_LABEL.findall(m[2] or "")).get("position", "0")
+            out["per_pos"][pos] = out["per_pos"].get(pos, 0.0) + value
+    return out if "drafts" in out else None
+
+
+def delta(before: dict | None, after: dict | None) -> dict | None:
+    """after - before; None when either is missing or the counters went back (a restarted server)."""
+    if before is None or after is None or after["drafts"] < before["drafts"]:
+        return None
+    d = {k: after.get(k, 0.0) - before.get(k, 0.0) for k in COUNTERS.values()}
+    d["per_pos"] = {p: v - before["per_pos"].get(p, 0.0) for p, v in after["per_pos"].items()}
+    return d
+
+
+def key(suite: str, row: int, seed: int | None, conc: int) -> str:
+    return f"{suite}/{row}/{'greedy' if seed is None else seed}/c{conc}"
+
+
+async def scrape(client, base: str) -> dict | None:
+    """The server's spec-decode counters, None when it has none or /metrics does not answer."""
+    import httpx
+
+    try:
+        r = await client.get(f"{base}/metrics", timeout=30)
+    except httpx.HTTPError:
+        return None
+    return counters(r.text) if r.status_code == 200 else None
+
+
+async def converse(client, base: str, body: dict, turns: Sequence[str]) -> dict:
+    """One conversation: the user turns in order, each model answer kept in the context of the next. A record
+    {status: ok | error, turns: [{tokens, latency, finish}], tokens, latency, tps} or, on the first failure,
+    {status: error, error, http_status (when the server answered), turns done before it}."""
+    import httpx
+
+    messages: list[dict] = []
+    done: list[dict] = []
+    for text in turns:
+        messages.append({"role": "user", "content": text})
+        t0 = time.perf_counter()
+        try:
+            r = await client.post(f"{base}/v1/chat/completions", json={**body, "messages": messages})
+        except httpx.TimeoutException:
+            return {"status": "error", "turns": done, "error": f"no answer within --timeout ({client.timeout.read} s)"}
+        except httpx.HTTPError as e:  # refused, dropped mid-response, ...
+            return {"status": "error", "turns": done, "error": f"{type(e).__name__}: {e}"}
+        lat = time.perf_counter() - t0
+        if r.status_code != 200:
+            return {"status": "error", "http_status": r.status_code, "turns": done,
+                    "error": f"HTTP {r.status_code}: {r.text[:500]}"}
+        try:
+            data = r.json()
+            choice, tokens = data["choices"][0], int(data["usage"]["completion_tokens"])
+            answer = choice["message"].get("content") or ""
+        except (ValueError, KeyError, IndexError, TypeError, AttributeError) as e:
+            return {"status": "error", "http_status": r.status_code, "turns": done,
+                    "error": f"malformed response ({type(e).__name__}: {e}): {r.text[:300]}"}
+        messages.append({"role": "assistant", "content": answer})
+        done.append({"tokens": tokens, "latency": lat, "finish": choice.get("finish_reason")})
+    tokens, latency = sum(t["tokens"] for t in done), sum(t["latency"] for t in done)
+    return {"status": "ok", "turns": done, "tokens": tokens, "latency": latency, "tps": tokens / latency}
+
+
+def _append(path: Path, rec: dict) -> None:
+    with path.open("a", encoding="utf-8") as f:
+        f.write(json.dumps(rec) + "\n")
+
+
+def _lines(path: Path) -> list[dict]:
+    if not path.is_file():
+        return []
+    # a line cut by a kill mid-write is dropped: its request is simply redone
+    out = []
+    for line in path.read_text(encoding="utf-8").splitlines():
+        try:
+            out.append(json.loads(line))
+        except json.JSONDecodeError:
+            pass
+    return out
+
+
+def _mean_std(xs: list[float]) -> tuple[float | None, float | None]:
+    if not xs:
+        return None, None
+    return statistics.fmean(xs), (statistics.pstdev(xs) if len(xs) > 1 else None)
+
+
+def summarize(config: dict, records: Sequence[dict], batches: Sequence[dict]) -> dict:
+    """{spec, cells, rows} from the run's records. A cell per (suite, seed, concurrency): n_ok, n_failed,
+    tps_median (per-request tokens / latency), tps_aggregate (batch tokens / batch wall time, summed over resumed
+    attempts), tps (the median at concurrency 1, else the aggregate), tau, accept_rate per drafted position. A row
+    per (suite, mode greedy | sampling, concurrency): tps and tau, mean and population std over the seeds."""
+    last: dict[str, dict] = {}
+    for r in records:  # an ok record is never redone, so the last one of a key says how it ended
+        last[r["key"]] = r
+    cells = []
+    for c in config["concurrency"]:
+        for seed in config["seeds"]:
+            for suite, rows in config["suites"].items():
+                recs = [last.get(key(suite, i, seed, c)) for i in rows]
+                ok = [r for r in recs if r and r["status"] == "ok"]
+                bs = [b for b in batches if (b["suite"], b["seed"], b["concurrency"]) == (suite, seed, c)]
+                wall = sum(b["wall"] for b in bs)
+                ds = [b["counters"] for b in bs if b["counters"] is not None]
+                drafts = sum(d["drafts"] for d in ds)
+                med = statistics.median(r["tps"] for r in ok) if ok else None
+                agg = sum(b["tokens"] for b in bs) / wall if wall > 0 and ok else None
+                pos: dict[str, float] = {}
+                for d in ds:
+                    for p, v in d["per_pos"].items():
+                        pos[p] = pos.get(p, 0.0) + v
+                cells.append({"suite": suite, "seed": seed, "concurrency": c, "n_ok": len(ok),
+                              "n_failed": len(rows) - len(ok), "tokens": sum(r["tokens"] for r in ok),
+                              "tps_median": med, "tps_aggregate": agg, "tps": med if c == 1 else agg,
+                              "tau": 1 + sum(d["accepted"] for d in ds) / drafts if drafts else None,
+                              "accept_rate": [pos[p] / drafts for p in sorted(pos, key=int)] if drafts else None})
+    rows = []
+    for c in config["concurrency"]:
+        for suite in config["suites"]:
+            for mode in ("greedy", "sampling"):
+                cs = [x for x in cells if x["suite"] == suite and x["concurrency"] == c
+                      and (x["seed"] is None) == (mode == "greedy")]
+                if not cs:
+                    continue
+                tps, tps_std = _mean_std([x["tps"] for x in cs if x["tps"] is not None])
+                tau, tau_std = _mean_std([x["tau"] for x in cs if x["tau"] is not None])
+                rows.append({"suite": suite, "mode": mode, "concurrency": c, "tps": tps, "tps_std": tps_std,
+                             "tau": tau, "tau_std": tau_std, "seeds": len(cs),
+                             "n_failed": sum(x["n_failed"] for x in cs)})
+    spec = any(b["counters"] is not None for b in batches)
+    return {"spec": spec, "cells": cells, "rows": rows}
+
+
+def _write_json(path: Path, obj) -> None:
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(json.dumps(obj, indent=2))
+    tmp.replace(path)  # a kill never leaves half a file
+
+
+async def _check(client, base: str, model: str, body: dict) -> None:
+    """Fail at once, clearly, when the server is unreachable, does not serve the model or rejects a plain request
+    (WARMUP, 8 tokens, which also pays the server's one-off costs before the timed batches)."""
+    import httpx
+
+    try:
+        r = await client.get(f"{base}/v1/models", timeout=30)
+    except httpx.HTTPError as e:
+        raise SystemExit(f"dcoco bench: cannot reach --endpoint {base} ({type(e).__name__}: {e}); is the server "
+                         f"running?") from None
+    try:
+        served = [m["id"] for m in r.json()["data"]]
+    except (ValueError, KeyError, TypeError):
+        served = None  # not every server lists its models
+    if served is not None and model not in served:
+        raise SystemExit(f"dcoco bench: --model {model!r} is not served at {base}; it serves {served}")
+    rec = await converse(client, base, {**body, "max_tokens": 8}, [WARMUP])
+    if rec["status"] != "ok":
+        raise SystemExit(f"dcoco bench: the first request to {base} failed: {rec['error']}")
+
+
+async def _bench(base: str, model: str, out: Path, config: dict, texts: dict[str, list[dict]], timeout: float,
+                 progress: bool) -> tuple[int, int]:
+    """Send every pending conversation, appending records as they finish. Returns (requests sent, failed)."""
+    import httpx
+    from tqdm.auto import tqdm
+
+    done = {r["key"] for r in _lines(out / "requests.jsonl") if r["status"] == "ok"}
+    plan = [(c, seed, suite, [i for i in rows if key(suite, i, seed, c) not in done])
+            for c in config["concurrency"] for seed in config["seeds"] for suite, rows in config["suites"].items()]
+    plan = [p for p in plan if p[3]]
+    n = sum(len(p[3]) for p in plan)
+    if not n:
+        return 0, 0
+    limits = httpx.Limits(max_connections=max(config["concurrency"]))
+    failed = 0
+    async with httpx.AsyncClient(timeout=httpx.Timeout(timeout, connect=min(timeout, 30.0)), limits=limits) as client:
+        await _check(client, base, model, _body(config, None))
+        out.mkdir(parents=True, exist_ok=True)  # only now: a server that cannot be used leaves no run behind
+        _save(out, config)
+        bar = tqdm(total=n, desc="bench", unit="req", disable=not progress)
+        for c, seed, suite, rows in plan:
+            bar.set_postfix_str(f"{suite} {'greedy' if seed is None else f'seed {seed}'} c={c}")
+            gate = asyncio.Semaphore(c)
+            body = _body(config, seed)
+
+            async def one(i: int) -> dict:
+                async with gate:
+                    t = time.time()
+                    rec = await converse(client, base, body, texts[suite][i]["turns"])
+                rec = {"key": key(suite, i, seed, c), "suite": suite, "row": i, "seed": seed, "concurrency": c,
+                       "start": t, **rec}
+                _append(out / "requests.jsonl", rec)
+                bar.update()
+                return rec
+
+            before = await scrape(client, base)
+            t0 = time.perf_counter()
+            recs = await asyncio.gather(*(one(i) for i in rows))
+            wall = time.perf_counter() - t0
+            after = await scrape(client, base)
+            bad = sum(r["status"] != "ok" for r in recs)
+            failed += bad
+            _append(out / "batches.jsonl", {"suite": suite, "seed": seed, "concurrency": c, "n": len(rows),
+                                            "failed": bad, "wall": wall, "counters": delta(before, after),
+                                            "tokens": sum(r["tokens"] for r in recs if r["status"] == "ok")})
+            if failed:
+                bar.set_description(f"bench ({failed} failed)")
+            _save(out, config)
+        bar.close()
+    return n, failed
+
+
+def _body(config: dict, seed: int | None) -> dict:
+    b = {"model": config["model"], "max_tokens": config["max_tokens"], "stream": False,
+         "temperature": 0.0 if seed is None else config["temperature"],
+         "chat_template_kwargs": {"enable_thinking": config["thinking"]}}
+    return b if seed is None else {**b, "seed": seed}
+
+
+def _save(out: Path, config: dict) -> dict:
+    res = {"config": config, "summary": summarize(config, _lines(out / "requests.jsonl"),
+                                                  _lines(out / "batches.jsonl"))}
+    _write_json(out / "run.json", res)
+    return res
+
+
+def select(paths: Sequence[str | Path] | None, only: Sequence[str] | None, use_hub: bool,
+           out: Path) -> tuple[dict[str, list[dict]], list[str]]:
+    """(suites to run, a note naming the paper's suites left out). Alpaca and SPEED-Bench are also looked for in
+    out/suites, where --hub saves them; only: these names, ValueError when one is absent."""
+    found = load(paths)
+    saved = out / "suites"
+    wanted = list(only) if only else list(SUITES)
+    fetch = [n for n in wanted if n in HUB and n not in found and not (saved / f"{n}.jsonl").is_file()]
+    if use_hub and fetch:
+        hub(fetch, saved)
+    for n in wanted:
+        if n not in found and (saved / f"{n}.jsonl").is_file():
+            found[n] = _read(saved / f"{n}.jsonl")
+    found = {n: found[n] for n in order(found)}
+    absent = [n for n in wanted if n not in found]
+    how = "pass a folder holding them with --suites"
+    if set(absent) & set(HUB) and not use_hub:
+        how += " (Alpaca, SPEED-Bench: or add --hub, with a network)"
+    if only:
+        if absent:
+            raise ValueError(f"--only: suites not found: {', '.join(absent)} (found: {', '.join(found)}); {how}")
+        return {n: found[n] for n in order(only)}, []
+    return found, [f"suites not found, left out: {', '.join(absent)}; {how}"] if absent else []
+
+
+def run(endpoint: str, model: str, out: str | Path, suites: Sequence[str | Path] | None = None,
+        only: Sequence[str] | None = None, use_hub: bool = False, rows: int | None = None, max_tokens: int = 2048,
+        seeds: Sequence[int | None] = (None, 42, 43, 44), temperature: float = 1.0,
+        concurrency: Sequence[int] = (1,), timeout: float = 600.0, thinking: bool = False,
+        progress: bool = True) -> tuple[dict, int]:
+    """Everything `dcoco bench` does; returns (run.json's content, failed requests). ValueError names a bad
+    argument; SystemExit when the server cannot be used at all. Resumes the run in out: requests that ended ok
+    are kept, failed ones are sent again."""
+    from . import serve_bench_report as report
+
+    if max_tokens < 1:
+        raise ValueError(f"--max-tokens: expected an integer >= 1, got {max_tokens}")
+    if timeout <= 0:
+        raise ValueError(f"--timeout: expected seconds > 0, got {timeout}")
+    if temperature < 0:
+        raise ValueError(f"--temperature: expected >= 0, got {temperature}")
+    if rows is not None and rows != ALL and rows < 1:
+        raise ValueError(f"--rows: expected an integer >= 1 or 'all', got {rows}")
+    out = Path(out)
+    base = endpoint.rstrip("/").removesuffix("/v1")
+    if not base.startswith(("http://", "https://")):
+        raise ValueError(f"--endpoint: expected an http(s):// URL, got {endpoint!r}")
+    texts, notes = select(suites, only, use_hub, out)
+    config = {"endpoint": base, "model": model, "max_tokens": max_tokens, "temperature": temperature,
+              "thinking": thinking, "seeds": list(seeds), "concurrency": list(concurrency),
+              "rows": "paper" if rows is None else "all" if rows == ALL else rows, "timeout": timeout,
+              "suites": {n: subset(n, r, rows) for n, r in texts.items()}}
+    old = json.loads((out / "run.json").read_text())["config"] if (out / "run.json").is_file() else None
+    if old:
+        diff = ", ".join(f"{k}: {old[k]!r}" for k in SAME if old[k] != config[k])
+        if diff:
+            raise ValueError(f"--out: {out} holds a run with other settings ({diff}); pick another --out to start a "
+                             f"new run")
+    for note in notes:
+        print(f"dcoco bench: {note}", file=sys.stderr)
+    sent, failed = asyncio.run(_bench(base, model, out, config, texts, timeout, progress))
+    res = _save(out, config)
+    print(report.run_table(res))
+    paths = report.write_run(res, out)
+    print(f"wrote {', '.join(map(str, [out / 'requests.jsonl', *paths]))}")
+    if failed:
+        print(f"dcoco bench: {failed} of {sent} requests failed (errors in {out / 'requests.jsonl'}); rerun the "
+              f"same command to retry them", file=sys.stderr)
+    return res, failed
