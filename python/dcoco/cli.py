@@ -14,7 +14,7 @@ def parser() -> argparse.ArgumentParser:
                                        "DFlash, DCOCO and a frozen-drafter corrector, then evaluate them")
     size = demo.add_mutually_exclusive_group()
     size.add_argument("--full", dest="size", action="store_const", const="full",
-                      help="the recorded result: longer training, all 8 suites (about 90 min on 2 CPU cores)")
+                      help="the recorded result: longer training, all 8 suites (about 75 min on 2 CPU cores)")
     size.add_argument("--smoke", dest="size", action="store_const", const="smoke",
                       help="a few steps of everything (about 2 min; what CI runs)")
     demo.set_defaults(size="default")
