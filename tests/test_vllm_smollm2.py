@@ -12,6 +12,7 @@ import sys
 import time
 import urllib.request
 from concurrent.futures import ThreadPoolExecutor
+from importlib import resources
 from pathlib import Path
 
 import pytest
@@ -23,7 +24,7 @@ vllm = pytest.importorskip("vllm", reason="vLLM is not installed (bash scripts/s
 pytest.importorskip("gguf", reason="the embedded SmolLM2 target needs gguf (bash scripts/setup_vllm.sh)")
 
 from dcoco import checkpoint, demo, smollm2  # noqa: E402
-from dcoco.evaluate import encode  # noqa: E402
+from dcoco.evaluate import encode, load_suites  # noqa: E402
 
 
 def demo_drafter(sizes=("full", "default")) -> Path | None:
@@ -50,8 +51,10 @@ def setup(tmp_path_factory):
     checkpoint.save(root / "off", drafter)  # the same drafter as plain DFlash: the corrector off
     from transformers import AutoTokenizer
     tok = AutoTokenizer.from_pretrained(target)
-    prompts = [p for ps in encode(tok, demo.eval_texts(("gsm8k", "math500", "humaneval", "mt-bench"), 2)).values()
-               for p in ps]
+    # always dcoco's 16 held-out prompts (never trained on), wherever the suites are: the comparison must not
+    # depend on where dcoco is installed; 8 prompts were too few to separate a 2% difference
+    held_out = Path(str(resources.files("dcoco") / "data" / "eval"))
+    prompts = [p for ps in encode(tok, load_suites([held_out], rows=4)).values() for p in ps]
     return {"root": root, "target": target, "dcoco": dcoco_dir, "off": root / "off",
             "n": drafter.config.block_size - 1, "prompts": prompts}
 
