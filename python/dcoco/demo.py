@@ -26,12 +26,11 @@ import time
 from importlib import resources
 from pathlib import Path
 
-
 from . import checkpoint, corpus, smollm2
 from .corrector import Corrector
 from .dflash import DFlashDrafter
 from .recipe import SMOLLM2, SMOLLM2_TAPS, cache_dir, drafter_config, load_target
-from .evaluate import coverage_plot, decode_all, encode, load_suites
+from .evaluate import coverage_plot, decode_all, default_suites, encode, load_suites
 from .spec import Engine, summarize
 from .training import TrainConfig, train
 
@@ -141,8 +140,6 @@ def methods(trained: dict, rules: tuple[str, ...]) -> dict[str, tuple]:
 def eval_texts(names: tuple[str, ...], rows: int, suites_dir=None) -> dict[str, list[str]]:
     """The first rows of each named suite found in suites_dir (default ../shared/data/eval, the paper's suites;
     without them, the small held-out set shipped in data/eval, written for dcoco and never trained on)."""
-    from .evaluate import default_suites
-
     root = Path(suites_dir) if suites_dir else default_suites()
     if not suites_dir and not root.is_dir():
         print(f"dcoco demo: no evaluation suites at {root}; evaluating dcoco's own held-out prompts instead "

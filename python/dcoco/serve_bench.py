@@ -322,7 +322,8 @@ async def _bench(base: str, model: str, out: Path, config: dict, texts: dict[str
     import httpx
     from tqdm.auto import tqdm
 
-    done = {r["key"] for r in _lines(out / "requests.jsonl") if r["status"] == "ok"}
+    records, batches = _lines(out / "requests.jsonl"), _lines(out / "batches.jsonl")  # read once, then kept
+    done = {r["key"] for r in records if r["status"] == "ok"}
     plan = [(c, seed, suite, [i for i in rows if key(suite, i, seed, c) not in done])
             for c in config["concurrency"] for seed in config["seeds"] for suite, rows in config["suites"].items()]
     plan = [p for p in plan if p[3]]
@@ -334,7 +335,7 @@ async def _bench(base: str, model: str, out: Path, config: dict, texts: dict[str
     async with httpx.AsyncClient(timeout=httpx.Timeout(timeout, connect=min(timeout, 30.0)), limits=limits) as client:
         await _check(client, base, model, _body(config, None))
         out.mkdir(parents=True, exist_ok=True)  # only now: a server that cannot be used leaves no run behind
-        _save(out, config)
+        _save(out, config, records, batches)
         bar = tqdm(total=n, desc="bench", unit="req", disable=not progress)
         for c, seed, suite, rows in plan:
             bar.set_postfix_str(f"{suite} {'greedy' if seed is None else f'seed {seed}'} c={c}")
@@ -348,6 +349,7 @@ async def _bench(base: str, model: str, out: Path, config: dict, texts: dict[str
                 rec = {"key": key(suite, i, seed, c), "suite": suite, "row": i, "seed": seed, "concurrency": c,
                        "start": t, **rec}
                 _append(out / "requests.jsonl", rec)
+                records.append(rec)
                 bar.update()
                 return rec
 
@@ -358,12 +360,13 @@ async def _bench(base: str, model: str, out: Path, config: dict, texts: dict[str
             after = await scrape(client, base)
             bad = sum(r["status"] != "ok" for r in recs)
             failed += bad
-            _append(out / "batches.jsonl", {"suite": suite, "seed": seed, "concurrency": c, "n": len(rows),
-                                            "failed": bad, "wall": wall, "counters": delta(before, after),
-                                            "tokens": sum(r["tokens"] for r in recs if r["status"] == "ok")})
+            batches.append({"suite": suite, "seed": seed, "concurrency": c, "n": len(rows), "failed": bad,
+                            "wall": wall, "counters": delta(before, after),
+                            "tokens": sum(r["tokens"] for r in recs if r["status"] == "ok")})
+            _append(out / "batches.jsonl", batches[-1])
             if failed:
                 bar.set_description(f"bench ({failed} failed)")
-            _save(out, config)
+            _save(out, config, records, batches)
         bar.close()
     return n, failed
 
@@ -375,9 +378,8 @@ def _body(config: dict, seed: int | None) -> dict:
     return b if seed is None else {**b, "seed": seed}
 
 
-def _save(out: Path, config: dict) -> dict:
-    res = {"config": config, "summary": summarize(config, _lines(out / "requests.jsonl"),
-                                                  _lines(out / "batches.jsonl"))}
+def _save(out: Path, config: dict, records: Sequence[dict], batches: Sequence[dict]) -> dict:
+    res = {"config": config, "summary": summarize(config, records, batches)}
     _write_json(out / "run.json", res)
     return res
 
@@ -443,7 +445,7 @@ def run(endpoint: str, model: str, out: str | Path, suites: Sequence[str | Path]
     for note in notes:
         print(f"dcoco bench: {note}", file=sys.stderr)
     sent, failed = asyncio.run(_bench(base, model, out, config, texts, timeout, progress))
-    res = _save(out, config)
+    res = _save(out, config, _lines(out / "requests.jsonl"), _lines(out / "batches.jsonl"))
     print(report.run_table(res))
     paths = report.write_run(res, out)
     print(f"wrote {', '.join(map(str, [out / 'requests.jsonl', *paths]))}")

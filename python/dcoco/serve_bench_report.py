@@ -134,8 +134,7 @@ def _sweep(ax, series: dict[str, list[tuple[int, float | None]]], ylabel: str) -
 
 def write_run(res: dict, out: Path) -> list[Path]:
     """table.md, tps.png (tokens/s and tau per suite at the first concurrency, std over seeds as error bars) and,
-    with a sweep,
-    concurrency.png under out; returns the paths."""
+    with a sweep, concurrency.png under out; returns the paths."""
     plt = _plt()
     cfg, cells, modes = res["config"], _cells(res), _modes(res)
     suites, c = list(cfg["suites"]), cfg["concurrency"][0]
