@@ -5,24 +5,19 @@ the training op (score and its compiled backward) on the CPU.
   python -m pytest bench/bench_ops.py --benchmark-only --benchmark-json bench/results/cpu.json
   python bench/summarize.py bench/results/cpu.json      # the markdown table of bench/README.md
 
-Groups R=1, 8, 32 (d=4096, B=15, K=16, V=151936, bf16 inputs), each with: the compiled forward with and
-without the prepared vocabulary table, the best PyTorch formulation (bench/baselines.py) with and without
-the same table, and the literal reference (dcoco.reference, materialised 386-wide MLP inputs).
-Groups "train R=1, 8": dcoco::score forward, its backward (score_backward) alone, forward + backward through
-autograd, against the best PyTorch formulation of the grid (bench/baselines.py score) forward and
-forward + backward."""
-
-import sys
-from pathlib import Path
+Groups R=1, 8, 32 (d=4096, B=15, K=16, V=151936, bf16 inputs), each with: the fused forward with and
+without the prepared vocabulary table, the native backend (dcoco.native: the same rewrites in plain PyTorch)
+with and without the same table, and the literal reference (dcoco.reference, materialised 386-wide MLP
+inputs). Groups "train R=1, 8, 32": dcoco::score forward, its backward (score_backward) alone, forward +
+backward through autograd, against the native score forward and forward + backward (autograd, chunks
+recomputed)."""
 
 import pytest
 import torch
 
 import dcoco
+from dcoco import native
 from dcoco import reference as ref
-
-sys.path.insert(0, str(Path(__file__).parent))
-import baselines  # noqa: E402
 
 D, V, B, K = 4096, 151936, 15, 16
 
@@ -47,19 +42,25 @@ def inputs(R):
     return hidden, ids, logits
 
 
-IMPLS = ["dcoco_table", "dcoco", "torch_table", "torch", "reference"]
+@pytest.fixture(autouse=True)
+def fused_kernel():
+    """The dcoco_* rows time the fused kernel on every device, validated or not (the raw ops ask the backend)."""
+    with dcoco.use_backend("fused"):
+        yield
+
+
+IMPLS = ["dcoco_table", "dcoco", "native_table", "native", "reference"]
 DEVICES = ["cpu"] + (["cuda"] if dcoco.cuda_available() else [])
 
 
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("R", [1, 8, 32])
 @pytest.mark.parametrize("impl", IMPLS)
-def test_forward(benchmark, model, impl, R, device, monkeypatch):
+def test_forward(benchmark, model, impl, R, device):
     m, embed, table = model
     hidden, ids, logits = inputs(R)
     w = tuple(t.detach() for t in m.weights())
     if device == "cuda":
-        monkeypatch.setenv("DCOCO_UNVALIDATED_CUDA", "1")
         hidden, ids, logits, embed, table = (t.cuda() for t in (hidden, ids, logits, embed, table))
         w = tuple(t.cuda() for t in w)
     benchmark.group = f"forward R={R}" + ("" if device == "cpu" else " cuda")
@@ -68,10 +69,10 @@ def test_forward(benchmark, model, impl, R, device, monkeypatch):
         fn = lambda: torch.ops.dcoco.correct(hidden, ids, logits, embed, *w, table)  # noqa: E731
     elif impl == "dcoco":
         fn = lambda: torch.ops.dcoco.correct(hidden, ids, logits, embed, *w, None)  # noqa: E731
-    elif impl == "torch_table":
-        fn = lambda: baselines.forward(hidden, ids, logits, embed, w, table)  # noqa: E731
-    elif impl == "torch":
-        fn = lambda: baselines.forward(hidden, ids, logits, embed, w)  # noqa: E731
+    elif impl == "native_table":
+        fn = lambda: native.correct(hidden, ids, logits, embed, w, table)  # noqa: E731
+    elif impl == "native":
+        fn = lambda: native.correct(hidden, ids, logits, embed, w)  # noqa: E731
     else:
         fn = lambda: ref.forward(hidden, ids, logits, embed, *w)  # noqa: E731
     with torch.no_grad():
@@ -83,10 +84,11 @@ def test_forward(benchmark, model, impl, R, device, monkeypatch):
         benchmark.pedantic(timed, rounds=rounds, warmup_rounds=1)
 
 
-TRAIN_IMPLS = ["dcoco_forward", "dcoco_backward", "dcoco_forward_backward", "torch_forward", "torch_forward_backward"]
+TRAIN_IMPLS = ["dcoco_forward", "dcoco_backward", "dcoco_forward_backward", "native_forward",
+               "native_forward_backward"]
 
 
-@pytest.mark.parametrize("R", [1, 8])
+@pytest.mark.parametrize("R", [1, 8, 32])
 @pytest.mark.parametrize("impl", TRAIN_IMPLS)
 def test_train(benchmark, model, impl, R):
     m, embed, _ = model
@@ -97,17 +99,17 @@ def test_train(benchmark, model, impl, R):
     benchmark.group = f"train R={R}"
     benchmark.extra_info.update(R=R, d=D, B=B, K=K, V=V, impl=impl, device="cpu", threads=torch.get_num_threads())
     dcoco_score = lambda: torch.ops.dcoco.score(hidden, ids, logits, embed, *w)  # noqa: E731
-    torch_score = lambda: baselines.score(hidden, ids, logits, embed, w)  # noqa: E731
+    native_score = lambda: native.score(hidden, ids, logits, embed, w)  # noqa: E731
     with torch.no_grad():
-        torch.testing.assert_close(dcoco_score(), torch_score(), rtol=1e-3, atol=1e-3)  # same grid before timing
+        torch.testing.assert_close(dcoco_score(), native_score(), rtol=1e-3, atol=1e-3)  # same grid before timing
     if impl == "dcoco_forward":
         fn = lambda: torch.ops.dcoco.score(hidden.detach(), ids, logits.detach(), embed, *(t.detach() for t in w))  # noqa: E731
     elif impl == "dcoco_backward":
         fn = lambda: torch.ops.dcoco.score_backward(G, hidden.detach(), ids, logits.detach(), embed,  # noqa: E731
                                                     *(t.detach() for t in w))
-    elif impl == "torch_forward":
-        fn = lambda: torch_score().detach()  # noqa: E731
+    elif impl == "native_forward":
+        fn = lambda: native_score().detach()  # noqa: E731
     else:
-        score = dcoco_score if impl == "dcoco_forward_backward" else torch_score
+        score = dcoco_score if impl == "dcoco_forward_backward" else native_score
         fn = lambda: torch.autograd.grad((score() * G).sum(), (hidden, logits, *w))  # noqa: E731
     benchmark.pedantic(fn, rounds=5, warmup_rounds=1)

@@ -6,12 +6,12 @@ import sys
 from collections import defaultdict
 
 
-FORWARD = ["dcoco_table", "dcoco", "torch_table", "torch", "reference"]
-TRAIN = ["dcoco_forward", "dcoco_backward", "dcoco_forward_backward", "torch_forward", "torch_forward_backward"]
+FORWARD = ["dcoco_table", "dcoco", "native_table", "native", "reference"]
+TRAIN = ["dcoco_forward", "dcoco_backward", "dcoco_forward_backward", "native_forward", "native_forward_backward"]
 
 
 def table(groups: dict, names: list[str], impls: list[str], base: str) -> None:
-    print(f"| group | " + " | ".join(impls) + " |")
+    print("| group | " + " | ".join(impls) + " |")
     print("|---" * (len(impls) + 1) + "|")
     for group in names:
         row = groups[group]

@@ -89,6 +89,11 @@ PYBIND11_MODULE(_C, m) {
   m.attr("MAX_CANDIDATES") = kMaxCandidates;
   m.attr("built_with_cuda") = cuda::built();
   m.attr("cutlass_version") = cuda::cutlass_version();
+#ifdef DCOCO_CUDA_ARCHS_BUILT
+  m.attr("cuda_archs") = DCOCO_CUDA_ARCHS_BUILT;  // e.g. "80,90a,100a" (DCOCO_CUDA_ARCHS)
+#else
+  m.attr("cuda_archs") = "";
+#endif
   m.def("cuda_status", &cuda::status, "(device count, message); never raises");
 
   // Each op runs on the CPU, or with cuda=True on the given stream; the GIL is released while it runs.

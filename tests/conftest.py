@@ -1,4 +1,4 @@
-"""Shared fixtures: fresh random corrector cases and output poisoning."""
+"""Shared fixtures: fresh random corrector cases, output poisoning, and both backends."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import pytest
 import torch
 
 import dcoco
-from dcoco import _ops
+from dcoco import _ops, native
 from dcoco import reference as ref
 
 
@@ -16,6 +16,29 @@ from dcoco import reference as ref
 def poison_outputs(monkeypatch):
     """Every op output starts as NaN / -1, so an element the core fails to write shows up."""
     monkeypatch.setattr(_ops, "POISON", True)
+
+
+def pytest_collection_modifyitems(config, items):
+    """@pytest.mark.fused_only tests (the raw compiled ops) run only under the fused parameter of each_backend."""
+    drop = [i for i in items if i.get_closest_marker("fused_only") and getattr(i, "callspec", None)
+            and i.callspec.params.get("each_backend") == "native"]
+    if drop:
+        config.hook.pytest_deselected(items=drop)
+        items[:] = [i for i in items if i not in drop]
+
+
+def backend_score(hidden, cand_ids, cand_logits, embed, weights):
+    """dcoco's scores under the current backend, from loose weights (for gradcheck)."""
+    if dcoco.get_backend() == "native":
+        return native.score(hidden, cand_ids, cand_logits, embed, weights)
+    return torch.ops.dcoco.score(hidden, cand_ids, cand_logits, embed, *weights)
+
+
+@pytest.fixture(params=["fused", "native"])
+def each_backend(request):
+    """Runs a test once per backend (a module opts in with pytestmark = pytest.mark.usefixtures("each_backend"))."""
+    with dcoco.use_backend(request.param):
+        yield request.param
 
 
 @dataclasses.dataclass

@@ -10,6 +10,8 @@ import dcoco
 
 from conftest import make_case
 
+pytestmark = pytest.mark.usefixtures("each_backend")  # every test on both backends
+
 NAMES = {"cand_proj.weight": (128, "d"), "ctx_proj.weight": (128, "d"), "fuse_proj.weight": (128, 256),
          "fuse_norm.weight": (128,), "fuse_norm.bias": (128,), "pair_proj.weight": (128, "2d"),
          "mlp.0.weight": (256, 386), "mlp.0.bias": (256,), "mlp.2.weight": (1, 256), "mlp.2.bias": (1,)}

@@ -1,19 +1,16 @@
-"""The CUDA path against the literal reference: runs where a GPU is visible (bench/gpu_check.sh on a lent
-device); on machines without one every test here is skipped."""
+"""Both backends on CUDA against the literal reference: runs where a GPU is visible (bench/gpu_check.sh on a
+lent device); on machines without one every test here is skipped. Under each_backend's "fused" parameter the
+fused kernel runs whether or not its arch is validated (that is what validates it)."""
 
 import pytest
 import torch
 
 import dcoco
 
-from conftest import assert_walk_matches, make_case
+from conftest import assert_walk_matches, backend_score, make_case
 
-pytestmark = pytest.mark.skipif(not dcoco.cuda_available(), reason="needs a CUDA device; none on this machine")
-
-
-@pytest.fixture(autouse=True)
-def allow_cuda_forward(monkeypatch):
-    monkeypatch.setenv("DCOCO_UNVALIDATED_CUDA", "1")
+pytestmark = [pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device; none on this machine"),
+              pytest.mark.usefixtures("each_backend")]
 
 
 def to_cuda(case):
@@ -23,7 +20,7 @@ def to_cuda(case):
 
 
 def paths():
-    """The kernel paths this GPU can run (DCOCO_CUDA_PATH); an empty string is the automatic choice."""
+    """The fused kernel paths this GPU can run (DCOCO_CUDA_PATH); an empty string is the automatic choice."""
     if not dcoco.cuda_available():
         return [""]
     major = torch.cuda.get_device_capability()[0]
@@ -58,6 +55,7 @@ def test_cuda_forward_matches_reference(d, R, dtype, table):
     check_forward(R, d, dtype, table)
 
 
+@pytest.mark.fused_only
 @pytest.mark.parametrize("path", paths())
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
 @pytest.mark.parametrize("table", [False, True])
@@ -66,6 +64,7 @@ def test_cuda_every_path_matches_reference(monkeypatch, path, dtype, table):
     check_forward(5, 2560, dtype, table, path)
 
 
+@pytest.mark.fused_only
 def test_cuda_path_override_is_checked(monkeypatch):
     monkeypatch.setenv("DCOCO_CUDA_PATH", "tpu")
     case = to_cuda(make_case(1, 15, 16, 64, V=100, seed=5))
@@ -83,22 +82,31 @@ def test_cuda_matches_cpu_walk_and_is_deterministic():
     assert (first.cpu() == cpu_ranks).float().mean() > 0.99
 
 
-def test_cuda_graph_capture_replays_the_same():
+@pytest.mark.parametrize("table", [False, True])
+def test_cuda_graph_capture_replays_the_same(table):
+    """The walk (with and without the table), the score grid and a path rule, captured once, replayed."""
     case = to_cuda(make_case(8, 15, 16, 4096, V=5000, dtype=torch.bfloat16, seed=2))
     m = case.corrector
-    m.prepare_inference(case.embed)
-    want = m(*case.inputs)
-    s = torch.cuda.Stream()
-    with torch.cuda.stream(s):  # warm up on a side stream, as capture requires
-        m(*case.inputs)
-    torch.cuda.current_stream().wait_stream(s)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        out = m(*case.inputs)
-    for _ in range(3):
-        graph.replay()
+    if table:
+        m.prepare_inference(case.embed)
+
+    def step():
+        scores = m.score(*case.inputs)
+        return (*m(*case.inputs), scores, dcoco.select(scores, case.cand_logits[:, 0], "geometric", 0.75))
+
+    with torch.no_grad():
+        want = step()
+        s = torch.cuda.Stream()
+        with torch.cuda.stream(s):  # warm up on a side stream, as capture requires
+            step()
+        torch.cuda.current_stream().wait_stream(s)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            out = step()
+        for _ in range(3):
+            graph.replay()
     torch.cuda.synchronize()
-    assert torch.equal(out[0], want[0]) and torch.equal(out[1], want[1])
+    assert all(torch.equal(a, b) for a, b in zip(out, want))
 
 
 def test_cuda_table_matches_cpu():
@@ -118,14 +126,24 @@ def test_cuda_out_of_range_ids_are_never_selected():
     assert ((tokens >= 0) & (tokens < 100)).all()
 
 
+def score_grads(case, G):
+    """Gradients of sum(score * G) in hidden, cand_logits and every weight, through Corrector.score."""
+    h = case.hidden.clone().float().requires_grad_()
+    lg = case.cand_logits.clone().float().requires_grad_()
+    ws = [w.detach().clone().requires_grad_() for w in case.corrector.weights()]
+    (backend_score(h, case.cand_ids, lg, case.embed, ws) * G).sum().backward()
+    return [h.grad, lg.grad, *(w.grad for w in ws)]
+
+
 @pytest.mark.parametrize("R,d,dtype", [(1, 2048, torch.bfloat16), (4, 4096, torch.bfloat16), (3, 576, torch.float32)])
-def test_cuda_backward_matches_cpu(R, d, dtype):
+def test_cuda_backward_matches_the_cpu_core(R, d, dtype):
     case = make_case(R, 15, 16, d, V=1000, dtype=dtype, seed=R + d)
     G = torch.randn(R, 14, 16, 16)
-    args = (*case.inputs, *(w.detach() for w in case.corrector.weights()))
-    want = torch.ops.dcoco.score_backward(G, *args)
-    got = torch.ops.dcoco.score_backward(G.cuda(), *(t.cuda() for t in args))
+    with dcoco.use_backend("fused"):
+        want = score_grads(case, G)  # the CPU core's compiled backward, tested against the reference
+    to_cuda(case)
+    got = score_grads(case, G.cuda())
     for a, b in zip(got, want):
         torch.testing.assert_close(a.cpu(), b, rtol=1e-4, atol=1e-5 * (b.abs().max().item() + 1e-30))
-    again = torch.ops.dcoco.score_backward(G.cuda(), *(t.cuda() for t in args))
-    assert all(torch.equal(a, b) for a, b in zip(got, again))  # deterministic
+    if dcoco.get_backend() == "fused":
+        assert all(torch.equal(a, b) for a, b in zip(got, score_grads(case, G.cuda())))  # deterministic

@@ -7,8 +7,11 @@ import pytest
 import torch
 
 import dcoco
+from dcoco import native
 
 from conftest import make_case
+
+pytestmark = pytest.mark.usefixtures("each_backend")  # every test on both backends
 
 
 @pytest.fixture(scope="module")
@@ -123,6 +126,10 @@ def test_select_bad_input(args, exc, msg):
         dcoco.select(*args)
 
 
-def test_wrong_table_shape_is_named(case):
+def test_wrong_table_shape_is_named(case, each_backend):
+    bad = torch.zeros(49, 128)
     with pytest.raises(ValueError, match=re.escape("table: expected shape (50, 128)")):
-        torch.ops.dcoco.correct(*case.inputs, *case.corrector.weights(), torch.zeros(49, 128))
+        if each_backend == "native":
+            native.correct(*case.inputs, case.corrector.weights(), bad)
+        else:
+            torch.ops.dcoco.correct(*case.inputs, *case.corrector.weights(), bad)

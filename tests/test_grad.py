@@ -8,7 +8,9 @@ import dcoco
 from dcoco import _ops
 from dcoco import reference as ref
 
-from conftest import make_case
+from conftest import backend_score, make_case
+
+pytestmark = pytest.mark.usefixtures("each_backend")  # every test on both backends
 
 
 def small_case(R, B, K, d, dtype=torch.float64, seed=0):
@@ -27,7 +29,7 @@ def test_gradcheck_float64(R, B, K, d, fast):
     embed = c.embed.double()
 
     def f(h, lg, *ws):
-        return torch.ops.dcoco.score(h, c.cand_ids, lg, embed, *ws)
+        return backend_score(h, c.cand_ids, lg, embed, ws)
 
     # fast mode checks random projections of the Jacobian: the same check, far fewer calls
     assert torch.autograd.gradcheck(f, (hidden, logits, *weights), eps=1e-6, atol=1e-6, rtol=1e-5, fast_mode=fast)
@@ -79,6 +81,7 @@ def test_single_slot_has_zero_gradients():
     assert torch.equal(h.grad, torch.zeros_like(h))
 
 
+@pytest.mark.fused_only
 def test_backward_is_deterministic_across_thread_counts():
     c = make_case(3, 15, 16, 128, seed=4)
     G = torch.randn(3, 14, 16, 16)
@@ -94,6 +97,7 @@ def test_backward_is_deterministic_across_thread_counts():
     assert all(torch.equal(a, b) for a, b in zip(one, many))
 
 
+@pytest.mark.fused_only
 def test_bad_gradient_is_named():
     c = make_case(2, 4, 3, 32)
     with pytest.raises(ValueError, match=r"grad: expected shape \(2, 3, 3, 3\)"):
@@ -102,6 +106,7 @@ def test_bad_gradient_is_named():
         torch.ops.dcoco.score_backward(torch.zeros(2, 3, 3, 3, dtype=torch.int32), *c.inputs, *c.corrector.weights())
 
 
+@pytest.mark.fused_only
 def test_score_backward_passes_opcheck():
     c = make_case(2, 3, 2, 16)
     args = (*c.inputs, *(w.detach().requires_grad_() for w in c.corrector.weights()))
@@ -126,6 +131,7 @@ def test_training_step_moves_the_walk_towards_labels():
     assert losses[-1] < 0.5 * losses[0]
 
 
+@pytest.mark.fused_only  # native: autograd's own double backward
 def test_double_backward_says_it_is_unsupported():
     c = make_case(2, 3, 2, 16)
     h = c.hidden.clone().requires_grad_()

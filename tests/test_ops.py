@@ -10,6 +10,8 @@ from dcoco import reference as ref
 
 from conftest import assert_walk_matches, make_case
 
+pytestmark = pytest.mark.usefixtures("each_backend")  # every test on both backends
+
 SHAPES = list(itertools.product([1, 3, 8], [2, 15, 16], [1, 4, 16], [64, 576, 4096]))
 DTYPES = list(itertools.product([torch.float32, torch.bfloat16], [torch.int32, torch.int64]))
 
@@ -108,6 +110,7 @@ def test_noncontiguous_inputs_are_handled():
                                rtol=0, atol=0)
 
 
+@pytest.mark.fused_only  # the core's fixed summation order; torch's own kernels promise no such thing
 def test_results_are_deterministic_across_thread_counts():
     case = make_case(8, 15, 16, 576, seed=9)
     n = torch.get_num_threads()
@@ -134,6 +137,7 @@ def test_single_slot_and_empty_batch():
     assert ranks.shape == tokens.shape == (0, 15)
 
 
+@pytest.mark.fused_only
 def test_opcheck_every_op():
     case = make_case(2, 4, 4, 64, seed=12)
     w = case.corrector.weights()
@@ -148,7 +152,7 @@ def test_opcheck_every_op():
         torch.library.opcheck(torch.ops.dcoco.select.default, (scores, case.cand_logits[:, 0], rule, 0.75))
 
 
-def test_torch_compile_fullgraph():
+def test_torch_compile_fullgraph(each_backend):
     case = make_case(3, 15, 16, 64, seed=13)
     m = case.corrector
 
@@ -160,7 +164,8 @@ def test_torch_compile_fullgraph():
 
     with torch.no_grad():
         scores, ranks, tokens, geo = step(*case.inputs)
-    torch.testing.assert_close(scores, m.score(*case.inputs), rtol=0, atol=0)
+    tol = 0 if each_backend == "fused" else 1e-5  # inductor fuses the native path and reorders its float sums
+    torch.testing.assert_close(scores, m.score(*case.inputs), rtol=tol, atol=tol)
     assert torch.equal(ranks, m(*case.inputs)[0])
     assert torch.equal(geo, dcoco.select(scores, case.cand_logits[:, 0], "geometric", 0.75))
 

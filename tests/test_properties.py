@@ -1,5 +1,6 @@
 """hypothesis property tests: random shapes, dtypes and values against the literal reference."""
 
+import pytest
 import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -7,6 +8,8 @@ from hypothesis import strategies as st
 import dcoco
 
 from conftest import assert_walk_matches, make_case
+
+pytestmark = pytest.mark.usefixtures("each_backend")  # every test on both backends
 
 # widths r >= 8: at r = 2 a LayerNorm row is +-1 and, when its two inputs nearly agree, ill-conditioned
 # (fp32 rounding of the inputs moves the output by ~1e-4 whatever the implementation)
@@ -30,7 +33,7 @@ def test_score_and_walk_match_reference(shape, dtype, id_dtype, seed):
     assert torch.equal(tokens, torch.gather(case.cand_ids.long(), 2, ranks[..., None])[..., 0])
 
 
-@settings(max_examples=200, deadline=None)
+@settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(R=st.integers(0, 3), B=st.integers(1, 5), K=st.integers(1, 4), lam=st.floats(0.05, 1.0),
        seed=st.integers(0, 2**31 - 1))
 def test_path_rules_never_lose_to_greedy(R, B, K, lam, seed):

@@ -9,6 +9,8 @@ import torch
 import dcoco
 from dcoco import reference as ref
 
+pytestmark = pytest.mark.usefixtures("each_backend")  # every test on both backends
+
 
 def brute_force(scores, first, lam):
     """Every path, valued first[k_1] + sum_p lam^p S_p(k_p, k_{p+1}) in float64; ties: lowest ranks at the

@@ -16,42 +16,19 @@ pytest.importorskip("transformers", reason="training needs the demo extra (pip i
 
 from safetensors.torch import load_file, save_file  # noqa: E402
 
-from dcoco import checkpoint, cli, corpus as corpus_mod, recipe  # noqa: E402
+from dcoco import checkpoint, cli, corpus as corpus_mod, recipe, tiny  # noqa: E402
 from dcoco.corrector import Corrector  # noqa: E402
 from dcoco.dflash import DFlashDrafter  # noqa: E402
+from dcoco.tiny import TAPS  # noqa: E402
 from dcoco.training import Objective, Schedule, TrainConfig, _tau, sample_anchors, train  # noqa: E402
 
-WORDS = ("the a cat dog sun moon run jump big small red blue one two three four five six seven eight nine ten "
-         "add sum code list write poem why how what when who is are was be and or not if then else for while "
-         "return print value number word line story sea sky tree rain snow day night time fast slow hot cold "
-         "up down left right go stop yes no good bad new old first last next more less many few all").split()
-TAPS = (0, 2)
 SETTINGS = corpus_mod.CorpusSettings(TAPS, max_new_tokens=24, gen_batch=4, feat_batch=4)
 
 
 @pytest.fixture(scope="module")
 def target_dir(tmp_path_factory) -> Path:
-    """A saved tiny Llama + word-level tokenizer with a chat template, and a prompts file."""
-    from tokenizers import Tokenizer, models, pre_tokenizers
-    from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
-
-    d = tmp_path_factory.mktemp("target")
-    vocab = {t: i for i, t in enumerate(["<unk>", "<eos>", "<user>", "<bot>", *WORDS])}
-    tk = Tokenizer(models.WordLevel(vocab, unk_token="<unk>"))
-    tk.pre_tokenizer = pre_tokenizers.Whitespace()
-    tok = PreTrainedTokenizerFast(tokenizer_object=tk, unk_token="<unk>", eos_token="<eos>")
-    tok.chat_template = "{% for m in messages %}<user> {{ m['content'] }} {% endfor %}<bot>"
-    tok.save_pretrained(d)
-    torch.manual_seed(0)
-    cfg = LlamaConfig(vocab_size=100, hidden_size=64, intermediate_size=128, num_hidden_layers=4,
-                      num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256, eos_token_id=1,
-                      bos_token_id=None, pad_token_id=1, tie_word_embeddings=True, initializer_range=0.4)
-    LlamaForCausalLM(cfg).save_pretrained(d)
-    g = torch.Generator().manual_seed(1)
-    lines = [" ".join(WORDS[int(i)] for i in torch.randint(0, len(WORDS), (int(n),), generator=g))
-             for n in torch.randint(3, 12, (10,), generator=g)]
-    (d / "prompts.jsonl").write_text("".join(json.dumps({"prompt": p}) + "\n" for p in lines))
-    return d
+    """A saved tiny Llama + word-level tokenizer with a chat template, and a prompts file (dcoco.tiny)."""
+    return tiny.save_target(tmp_path_factory.mktemp("target"))
 
 
 @pytest.fixture(scope="module")
@@ -248,10 +225,7 @@ def test_bad_arguments(target, corpus):
 
 
 def cli_args(target_dir: Path, cache: Path, out: Path, *extra: str) -> list[str]:
-    return ["train", "--target", str(target_dir), "--prompts", str(target_dir / "prompts.jsonl"),
-            "--cache-dir", str(cache), "--out", str(out), "--max-new-tokens", "24", "--gen-batch", "4",
-            "--feat-batch", "4", "--layers", "1", "--target-layers", "0,2", "--block-size", "8", "--anchors", "8",
-            "--candidates", "32", "--width", "16", "--mlp-hidden", "32", "--no-progress", *extra]
+    return tiny.train_args(target_dir, cache, out, *extra)
 
 
 def test_cli_drafter_then_corrector(target_dir, corpus, tmp_path):
@@ -269,27 +243,29 @@ def test_cli_drafter_then_corrector(target_dir, corpus, tmp_path):
 
 WRAPPER = """
 import hashlib, sys, torch, torch.distributed as dist
-from dcoco import cli, recipe
+from dcoco import backend, cli, recipe
 cfg, kw = cli.train_options(cli.parser().parse_args(sys.argv[2:]))
 res = recipe.run(cfg, **kw)
 h = hashlib.sha256()
 for m in (res.drafter, res.corrector):
     for v in m.state_dict().values():
         h.update(v.detach().cpu().numpy().tobytes())
-open(f"{sys.argv[1]}/rank{dist.get_rank()}.txt", "w").write(h.hexdigest())
+open(f"{sys.argv[1]}/rank{dist.get_rank()}.txt", "w").write(h.hexdigest() + " " + backend.resolve("cpu")[0])
 """
 
 
-def test_torchrun_two_cpu_ranks_end_equal(target_dir, corpus, tmp_path):
+@pytest.mark.parametrize("backend", ["fused", "native"])
+def test_torchrun_two_cpu_ranks_end_equal(target_dir, corpus, tmp_path, backend):
+    """DDP with gloo, joint training, on each backend (DCOCO_BACKEND reaches every rank)."""
     (tmp_path / "w.py").write_text(WRAPPER)
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "CUDA_VISIBLE_DEVICES": ""}
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "CUDA_VISIBLE_DEVICES": "", "DCOCO_BACKEND": backend}
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", str(tmp_path / "w.py"),
            str(tmp_path), *cli_args(target_dir, corpus.path.parent, tmp_path / "out", "--mode", "joint",
                                     "--seqs-per-step", "1", "--steps", "3")]
     r = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=120)
     assert r.returncode == 0, r.stderr[-3000:]
     sums = [(tmp_path / f"rank{i}.txt").read_text() for i in (0, 1)]
-    assert sums[0] == sums[1]
+    assert sums[0] == sums[1] and sums[0].endswith(" " + backend)
     state = torch.load(tmp_path / "out" / "train_state.pt", weights_only=False)
     assert state["world"] == 2 and state["step"] == 3
     assert len((tmp_path / "out" / "log.jsonl").read_text().splitlines()) == 3  # rank 0 only

