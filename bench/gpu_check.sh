@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The one prepared device call: 7.8 minutes at most (each step has a timeout; never run yet). On the
+# The one prepared device call: 8 minutes at most (each step has a timeout; never run yet). On the
 # lent GPU it:
 #   1. builds dcoco for the GPU's arch (CUTLASS from the carried wheel);
 #   2. runs tests/test_cuda.py + test_select.py on CUDA under both backends, against the literal reference
@@ -41,14 +41,14 @@ x = [t.cuda() for t in c.inputs]; h = x[0].float().requires_grad_()
 c.corrector.score(h, *x[1:]).sum().backward(); c.corrector(*x); c.corrector.prepare_inference(x[3]); c.corrector(*x)
 torch.cuda.synchronize(); print("small case ok")'
 for tool in memcheck racecheck; do
-  timeout 50 compute-sanitizer --tool $tool --error-exitcode 3 python3 -c "$small" >"$W/sanitizer_$tool.log" 2>&1
+  timeout 45 compute-sanitizer --tool $tool --error-exitcode 3 python3 -c "$small" >"$W/sanitizer_$tool.log" 2>&1
   echo $? >"$W/sanitizer_$tool.rc"
   log "compute-sanitizer $tool: exit $(cat "$W/sanitizer_$tool.rc")"
 done
 
 # 4. training smoke, each backend
 for b in fused native; do
-  DCOCO_BACKEND=$b timeout 35 python3 bench/gpu_train_smoke.py --device cuda --steps 20 2>"$W/train_$b.err" \
+  DCOCO_BACKEND=$b timeout 45 python3 bench/gpu_train_smoke.py --device cuda --steps 20 2>"$W/train_$b.err" \
     | tail -1 >"$W/train_$b.json"
   log "train smoke ($b): $(cat "$W/train_$b.json")"
 done
