@@ -127,7 +127,7 @@ def test_cuda_out_of_range_ids_are_never_selected():
 
 
 def score_grads(case, G):
-    """Gradients of sum(score * G) in hidden, cand_logits and every weight, through Corrector.score."""
+    """Gradients of sum(score * G) in hidden, cand_logits and every weight, on the current backend."""
     h = case.hidden.clone().float().requires_grad_()
     lg = case.cand_logits.clone().float().requires_grad_()
     ws = [w.detach().clone().requires_grad_() for w in case.corrector.weights()]

@@ -19,9 +19,9 @@ from safetensors.torch import load_file, save_file  # noqa: E402
 from dcoco import checkpoint, cli, corpus as corpus_mod, recipe, tiny  # noqa: E402
 from dcoco.corrector import Corrector  # noqa: E402
 from dcoco.dflash import DFlashDrafter  # noqa: E402
-from dcoco.tiny import TAPS  # noqa: E402
 from dcoco.training import Objective, Schedule, TrainConfig, _tau, sample_anchors, train  # noqa: E402
 
+TAPS = tiny.TAPS
 SETTINGS = corpus_mod.CorpusSettings(TAPS, max_new_tokens=24, gen_batch=4, feat_batch=4)
 
 
@@ -224,16 +224,12 @@ def test_bad_arguments(target, corpus):
         train(small(seqs_per_step=11), corpus, embed, head, drafter_cfg(target), progress=False)
 
 
-def cli_args(target_dir: Path, cache: Path, out: Path, *extra: str) -> list[str]:
-    return tiny.train_args(target_dir, cache, out, *extra)
-
-
 def test_cli_drafter_then_corrector(target_dir, corpus, tmp_path):
     cache = corpus.path.parent
-    assert cli.main(cli_args(target_dir, cache, tmp_path / "d", "--mode", "drafter", "--steps", "2")) == 0
+    assert cli.main(tiny.train_args(target_dir, cache, tmp_path / "d", "--mode", "drafter", "--steps", "2")) == 0
     drafter, corrector = checkpoint.load(tmp_path / "d")
     assert corrector is None and drafter.config.mask_token_id == 88  # the first spare row: 88 tokens, vocab 100
-    assert cli.main(cli_args(target_dir, cache, tmp_path / "c", "--mode", "corrector", "--steps", "2",
+    assert cli.main(tiny.train_args(target_dir, cache, tmp_path / "c", "--mode", "corrector", "--steps", "2",
                              "--init", str(tmp_path / "d"))) == 0
     d2, c2 = checkpoint.load(tmp_path / "c")
     assert c2 is not None and torch.equal(d2.fc.weight, drafter.fc.weight)  # the drafter stayed frozen
@@ -260,8 +256,8 @@ def test_torchrun_two_cpu_ranks_end_equal(target_dir, corpus, tmp_path, backend)
     (tmp_path / "w.py").write_text(WRAPPER)
     env = {**os.environ, "OMP_NUM_THREADS": "1", "CUDA_VISIBLE_DEVICES": "", "DCOCO_BACKEND": backend}
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", str(tmp_path / "w.py"),
-           str(tmp_path), *cli_args(target_dir, corpus.path.parent, tmp_path / "out", "--mode", "joint",
-                                    "--seqs-per-step", "1", "--steps", "3")]
+           str(tmp_path), *tiny.train_args(target_dir, corpus.path.parent, tmp_path / "out", "--mode", "joint",
+                                           "--seqs-per-step", "1", "--steps", "3")]
     r = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=120)
     assert r.returncode == 0, r.stderr[-3000:]
     sums = [(tmp_path / f"rank{i}.txt").read_text() for i in (0, 1)]

@@ -1,5 +1,5 @@
-// The training path's dense loops (float and double), compiled per ISA like kernels.h (isa.h). Row-major operands
-// with explicit leading dimensions; every sum runs in a fixed order.
+// The training path's dense loops (float and double), compiled per ISA like kernels.h (isa.h). Row-major
+// operands with explicit leading dimensions; every sum runs in a fixed order.
 #pragma once
 #include <cstdint>
 
@@ -21,7 +21,7 @@ struct Transition {
   void nt(int64_t M, int64_t N, int64_t Kd, const T* X, int64_t ldx, const T* W, int64_t ldw, T* Y, int64_t ldy); \
   /* Y(M,N) += X(M,Kd) W(Kd,N) */                                                                              \
   void nn(int64_t M, int64_t N, int64_t Kd, const T* X, int64_t ldx, const T* W, int64_t ldw, T* Y, int64_t ldy); \
-  /* G(N,w) += D(M,N)^T X(M,w) */                                                             \
+  /* G(N,w) += D(M,N)^T X(M,w) */                                                                               \
   void tn(int64_t M, int64_t N, const T* D, int64_t ldd, const T* X, int64_t ldx, T* G, int64_t ldg, int64_t w); \
   void transition(const Transition<T>& t);
 DCOCO_GRAD_KERNELS(float)

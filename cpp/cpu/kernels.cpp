@@ -24,7 +24,8 @@ DCOCO_INLINE void tile(Mat W, Mat Xt, int64_t Kd, float* Y, int64_t ldy, int64_t
     for (int i = 0; i < MB; ++i) Y[j * ldy + i] = accumulate ? Y[j * ldy + i] + acc[i][j] : acc[i][j];
 }
 
-// Weight rows per tile: the (MB, kLanes) float accumulators fill half the register file.
+// Weight rows per tile: the (MB, kLanes) float accumulators take 16 zmm of 32 (VB=64) or 12 ymm of 16 (VB=32),
+// leaving room for the activation row and the broadcast weight.
 template <int VB>
 constexpr int kProjectRows = VB == 64 ? 8 : VB == 32 ? 3 : 1;
 

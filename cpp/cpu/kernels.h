@@ -1,6 +1,7 @@
 // The CPU path's hot loops, compiled per ISA (x86-64-v4, x86-64-v3, baseline: isa.h) and picked at load
 // time: small dense products, register-blocked (tiles sized per vector width) so the compiler emits packed
-// FMAs without reassociating float reductions (weights stay in nn.Linear layout (N,Kd); the activation operand is given transposed),
+// FMAs without reassociating float reductions (weights stay in nn.Linear layout (N,Kd); the activation
+// operand is given transposed),
 // and the row scorer built on the shared transition_score.
 #pragma once
 #include <algorithm>

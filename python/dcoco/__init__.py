@@ -37,7 +37,7 @@ def build_info() -> dict:
     """How this dcoco was built and what it sees: CUDA compiled in (and for which archs), CUTLASS version,
     device status, the backend setting, and for each visible device the backend its tensors get and why."""
     count, message = _C.cuda_status()
-    return {"version": __version__, "built_with_cuda": _C.built_with_cuda, "cuda_archs": backend.built_cuda_archs(),
+    return {"version": __version__, "built_with_cuda": _C.built_with_cuda, "cuda_archs": list(backend.BUILT_CUDA_ARCHS),
             "validated_cuda_archs": list(backend.VALIDATED_CUDA_ARCHS), "cutlass": _C.cutlass_version,
             "cuda_devices": count, "cuda_status": message, "max_candidates": MAX_CANDIDATES,
             "backend": backend.get_backend(),

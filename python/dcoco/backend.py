@@ -25,6 +25,9 @@ BACKENDS = ("auto", "fused", "native")
 # Archs whose fused CUDA path passed bench/gpu_check.sh, with its JSON committed under bench/results/gpu/.
 # Empty until a GPU has been lent: every CUDA device runs native under "auto".
 VALIDATED_CUDA_ARCHS: tuple[str, ...] = ()
+# The CUDA archs this build holds code for, as sm_XY (e.g. sm_80, sm_90, sm_100 from DCOCO_CUDA_ARCHS 80;90a;100a).
+BUILT_CUDA_ARCHS: tuple[str, ...] = tuple(f"sm_{a.rstrip('af')}" for a in _C.cuda_archs.split(",")
+                                          if a.rstrip("af").isdigit())
 
 log = logging.getLogger("dcoco")
 
@@ -62,11 +65,6 @@ def use_backend(name: str) -> Iterator[None]:
         set_backend(before)
 
 
-def built_cuda_archs() -> list[str]:
-    """The CUDA archs this build holds code for, as sm_XY (e.g. ['sm_80', 'sm_90', 'sm_100'])."""
-    return [f"sm_{a.rstrip('af')}" for a in _C.cuda_archs.split(",") if a.rstrip("af").isdigit()]
-
-
 def _cuda_arch(index: int | None) -> str:
     major, minor = torch.cuda.get_device_capability(index)
     return f"sm_{major}{minor}"
@@ -102,8 +100,7 @@ def _resolve_key(setting: str, device: str) -> tuple[str, str]:
     if key not in _decided:
         dev = torch.device(device)
         arch = _cuda_arch(dev.index) if dev.type == "cuda" and _C.built_with_cuda and setting == "auto" else None
-        _decided[key] = decide(setting, dev.type, arch, _C.built_with_cuda, tuple(built_cuda_archs()),
-                               VALIDATED_CUDA_ARCHS)
+        _decided[key] = decide(setting, dev.type, arch, _C.built_with_cuda, BUILT_CUDA_ARCHS, VALIDATED_CUDA_ARCHS)
         name, why = _decided[key]
         if name == "native" and setting == "auto":
             log.warning("dcoco: %s runs the native PyTorch backend: %s", device, why)

@@ -58,12 +58,26 @@ def _argmax(v: torch.Tensor) -> torch.Tensor:
     return (v == best).to(torch.uint8).argmax(-1)
 
 
+def _follow(k: torch.Tensor, steps: int, step) -> torch.Tensor:
+    """Ranks (R, steps+1) of a left-to-right read: k, then k = step(p, k) for p = 0..steps-1."""
+    ranks = [k]
+    for p in range(steps):
+        k = step(p, k)
+        ranks.append(k)
+    return torch.stack(ranks, 1)
+
+
+def _table_rows(e, Wc, Wf) -> torch.Tensor:
+    """W_fuse[:, :r] LN(W_cand e) for embedding rows e (..., d): rows of the vocabulary table."""
+    r = Wc.shape[0]
+    return F.layer_norm(e.to(Wc.dtype) @ Wc.T, (r,), eps=EPS) @ Wf[:, :r].T
+
+
 def _cand_rows(ids, embed, table, Wc, Wf) -> torch.Tensor:
-    """W_fuse[:, :r] LN(W_cand E[c]) per candidate (R,B,K,r): the table's rows, gathered or computed."""
+    """The table's rows per candidate (R,B,K,r): gathered from the table, or computed from embed."""
     if table is not None:
         return F.embedding(ids, table).to(Wc.dtype)
-    r = Wc.shape[0]
-    return F.layer_norm(F.embedding(ids, embed).to(Wc.dtype) @ Wc.T, (r,), eps=EPS) @ Wf[:, :r].T
+    return _table_rows(F.embedding(ids, embed), Wc, Wf)
 
 
 def _fused_candidates(h, ids, embed, table, Wc, Wx, Wf, gamma, beta) -> torch.Tensor:
@@ -100,16 +114,14 @@ def _walk_rows(h, ids, l, embed, table, Wc, Wx, Wf, gamma, beta, Wp, W1, b1, W2,
     z = _fused_candidates(h, ids, embed, table, Wc, Wx, Wf, gamma, beta)                  # (R,B,K,r)
     u = _pair_terms(h, Wp, W1, b1)                                                         # (R,T,H)
     W1a, W1b, w_la, w_lb = W1[:, r:2 * r], W1[:, 2 * r:3 * r], W1[:, 3 * r], W1[:, 3 * r + 1]
-    k = _argmax(l[:, 0])
-    ranks = [k]
-    for p in range(h.shape[1] - 1):
+
+    def step(p, k):
         zk = z[:, p].gather(1, k[:, None, None].expand(-1, 1, r))[:, 0]                   # (R,r)
         pred = zk @ W1a.T + l[:, p].gather(1, k[:, None]) * w_la                          # (R,H)
         succ = z[:, p + 1] @ W1b.T + l[:, p + 1, :, None] * w_lb                           # (R,K,H)
-        s = F.gelu(u[:, p, None] + pred[:, None] + succ) @ W2[0] + b2 + l[:, p + 1]        # (R,K)
-        k = _argmax(s)
-        ranks.append(k)
-    return torch.stack(ranks, 1)
+        return _argmax(F.gelu(u[:, p, None] + pred[:, None] + succ) @ W2[0] + b2 + l[:, p + 1])  # over (R,K)
+
+    return _follow(_argmax(l[:, 0]), h.shape[1] - 1, step)
 
 
 def score(hidden, cand_ids, cand_logits, embed, weights) -> torch.Tensor:
@@ -149,9 +161,7 @@ def cand_table(embed, cand_proj, fuse_proj) -> torch.Tensor:
     V, d, r = check_table_args(embed, cand_proj, fuse_proj)
     with torch.no_grad(), _no_autocast(embed.device):
         Wc, Wf = cand_proj.to(torch.float32), fuse_proj.to(torch.float32)
-        parts = [F.layer_norm(embed[i:i + TABLE_ROWS].float() @ Wc.T, (r,), eps=EPS) @ Wf[:, :r].T
-                 for i in range(0, max(V, 1), TABLE_ROWS)]
-        return torch.cat(parts)
+        return torch.cat([_table_rows(embed[i:i + TABLE_ROWS], Wc, Wf) for i in range(0, max(V, 1), TABLE_ROWS)])
 
 
 def select(scores, first_logits, rule: str, lam: float) -> torch.Tensor:
@@ -160,12 +170,8 @@ def select(scores, first_logits, rule: str, lam: float) -> torch.Tensor:
     R, B, K = check_select(scores, first_logits, rule, lam)
     s, first = scores.float(), first_logits.float()
     if rule == "greedy":
-        k = _argmax(first)
-        ranks = [k]
-        for p in range(B - 1):
-            k = _argmax(s[:, p].gather(1, k[:, None, None].expand(-1, 1, K))[:, 0])
-            ranks.append(k)
-        return torch.stack(ranks, 1)
+        row = lambda p, k: s[:, p].gather(1, k[:, None, None].expand(-1, 1, K))[:, 0]  # noqa: E731  S_p(k, .)
+        return _follow(_argmax(first), B - 1, lambda p, k: _argmax(row(p, k)))
     # Viterbi backwards (each node keeps its best successor), then read forwards: ties go to the lower rank
     # at the earliest slot. Weight lam^p on transition p (lam = 1: Global-Sum).
     lam = 1.0 if rule == "global" else lam
@@ -175,9 +181,4 @@ def select(scores, first_logits, rule: str, lam: float) -> torch.Tensor:
         v = float(lam) ** p * s[:, p] + after[:, None, :]                                  # (R,K,K): a -> b
         nxt[p] = _argmax(v)                                                                # (R,K)
         after = v.gather(2, nxt[p][..., None])[..., 0]
-    k = _argmax(first + after)
-    ranks = [k]
-    for p in range(B - 1):
-        k = nxt[p].gather(1, k[:, None])[:, 0]
-        ranks.append(k)
-    return torch.stack(ranks, 1)
+    return _follow(_argmax(first + after), B - 1, lambda p, k: nxt[p].gather(1, k[:, None])[:, 0])

@@ -5,7 +5,8 @@ request-major, (R*N, d)) and taking each row's argmax, or sampling it. Here comp
 top-K per slot, lets the corrector re-select the draft (the checkpoint's selection rule, on the backend dcoco
 picks for the device: backend.py) and returns logits that are -inf everywhere but 0 at the chosen token. vLLM's
 stock draft step then picks exactly the corrected tokens at any temperature, and its rejection sampler sees a
-point-mass proposal (q = 1 at the draft), which keeps verification exact. Imported by vLLM only (the plugin names it lazily)."""
+point-mass proposal (q = 1 at the draft), which keeps verification exact. Imported by vLLM only (the plugin
+names it lazily)."""
 
 from __future__ import annotations
 
