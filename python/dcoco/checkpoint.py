@@ -57,7 +57,7 @@ def load(path: str | Path, dtype: torch.dtype | None = None,
         if "dcoco_config" in cfg:
             raise ValueError(f"{path}: dcoco_config given but architectures is {arch!r}, not [{ARCHITECTURE!r}]")
         return DFlashDrafter.from_pretrained(path, dtype, device), None  # corrector.* tensors: "unexpected"
-    dc = _dcoco_config(cfg.get("dcoco_config"), path)
+    dc = dcoco_config(cfg.get("dcoco_config"), path)
     drafter = DFlashDrafter.from_pretrained(path, dtype, device, architectures=(DFLASH_ARCHITECTURE, ARCHITECTURE),
                                             skip_prefix=PREFIX)
     tensors = {}
@@ -79,7 +79,8 @@ def load(path: str | Path, dtype: torch.dtype | None = None,
     return drafter, corrector
 
 
-def _dcoco_config(dc, path: Path) -> dict:
+def dcoco_config(dc, path: Path) -> dict:
+    """The checked dcoco_config of a checkpoint at path (ValueError naming the bad key)."""
     if not isinstance(dc, dict):
         raise ValueError(f"{path}: {ARCHITECTURE} needs a dcoco_config object in config.json, got {dc!r}")
     for key, lo in (("num_candidates", 1), ("width", 2), ("mlp_hidden", 1)):

@@ -126,7 +126,8 @@ def load_sequences(path: str | Path) -> list[tuple[list[int], list[int]]]:
     return [(ids[e - n:e - n + p].tolist(), ids[e - n + p:e].tolist()) for e, n, p in zip(ends, lengths, prompts)]
 
 
-def _token_ids(value) -> list[int]:
+def token_ids(value) -> list[int]:
+    """A generation config's eos_token_id (None, one id or a list) as a list."""
     return [] if value is None else [value] if isinstance(value, int) else list(value)
 
 
@@ -146,7 +147,7 @@ def build_corpus(model: torch.nn.Module, prompt_ids: Sequence[Sequence[int]], ca
     n_layers = model.config.num_hidden_layers
     if max(settings.layer_ids) >= n_layers:
         raise ValueError(f"settings.layer_ids: {list(settings.layer_ids)} out of range for a {n_layers}-layer target")
-    eos = _token_ids(eos_ids if eos_ids is not None else model.generation_config.eos_token_id)
+    eos = token_ids(eos_ids if eos_ids is not None else model.generation_config.eos_token_id)
     if not eos:
         raise ValueError("eos_ids: the model's generation config names no eos token; pass eos_ids")
     path = Path(cache_dir) / corpus_key(model, prompt_ids, settings, responses)

@@ -92,6 +92,10 @@ class Corrector(nn.Module):
         self._prepared = (self._key(embed), table, weights)
         return table
 
+    def unprepare(self) -> None:
+        """Drop what prepare_inference kept: forward then computes from the embedding table."""
+        self._prepared = None
+
     @property
     def prepared(self) -> bool:
         """Whether prepare_inference has run (and not been dropped as stale since)."""

