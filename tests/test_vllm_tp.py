@@ -19,7 +19,7 @@ import torch  # noqa: E402
 HERE = os.path.dirname(__file__)
 sys.path.insert(0, HERE)
 import vllm_probes as probes  # noqa: E402
-from test_vllm import N, PROMPTS, V, _close, _drafter, _generate, _spec_counters, _target  # noqa: E402
+from test_vllm import N, V, _close, _drafter, _generate, _spec_counters, _target  # noqa: E402
 
 
 @pytest.fixture(scope="module")

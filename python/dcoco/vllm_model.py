@@ -17,7 +17,8 @@ The corrector runs as the vLLM custom op `dcoco_corrector`: `forward_native` is 
 Under tensor parallelism the target's embedding is a vocab-parallel shard on each rank: the full (V, d) table is
 gathered once, when vLLM shares it into the drafter at load time, and the vocabulary table of
 `Corrector.prepare_inference` is built from it there too, so eager and graph calls compute the same thing. (A
-drafter with its own embedding prepares at its first forward: vLLM's eager start-up pass on a GPU.) Every rank then corrects the same gathered top-K, so drafts agree across ranks.
+drafter with its own embedding prepares at its first forward: vLLM's eager start-up pass on a GPU.) Every rank
+then corrects the same gathered top-K, so drafts agree across ranks.
 Imported by vLLM only (the plugin names it lazily)."""
 
 from __future__ import annotations
