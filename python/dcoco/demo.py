@@ -27,6 +27,7 @@ from importlib import resources
 from pathlib import Path
 
 from . import checkpoint, corpus, smollm2
+from . import plots as figures  # demo.plots draws the demo's figures
 from .corrector import Corrector
 from .dflash import DFlashDrafter
 from .recipe import SMOLLM2, SMOLLM2_TAPS, cache_dir, drafter_config, load_target
@@ -206,9 +207,7 @@ def table(res: dict) -> str:
 
 def plots(res: dict, work: Path, out: Path, prefix: str) -> list[Path]:
     """tau per suite per method, DFlash coverage per slot, teacher-forced tau while training."""
-    import matplotlib
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = figures.pyplot()
 
     ev = res["eval"]
     paths = [out / f"{prefix}-tau.png", out / f"{prefix}-coverage.png", out / f"{prefix}-training.png"]
@@ -224,9 +223,7 @@ def plots(res: dict, work: Path, out: Path, prefix: str) -> list[Path]:
     ax.set(ylabel="tau (tokens per round)", title="SmolLM2-135M: mean committed tokens per round")
     ax.set_ylim(bottom=1.0)
     ax.legend(fontsize=7)
-    fig.tight_layout()
-    fig.savefig(paths[0], dpi=120)
-    plt.close(fig)
+    figures.save(fig, paths[0])
     coverage_plot(ev["methods"]["DFlash"]["overall"].get("coverage"), paths[1],
                   "DFlash drafter: verifier token in its top-k")
     fig, ax = plt.subplots(figsize=(6, 4))
@@ -247,9 +244,7 @@ def plots(res: dict, work: Path, out: Path, prefix: str) -> list[Path]:
     ax.set(xlabel="drafter step (the frozen-drafter corrector starts after the baseline's)",
            ylabel="teacher-forced tau", title="training batches (moving mean)")
     ax.legend()
-    fig.tight_layout()
-    fig.savefig(paths[2], dpi=120)
-    plt.close(fig)
+    figures.save(fig, paths[2])
     return paths
 
 

@@ -14,6 +14,7 @@ from pathlib import Path
 import torch
 from torch import nn
 
+from . import plots
 from .spec import KS, Engine, Result, summarize, target_only
 
 SUITES_HINT = ("prompt suites are JSONL files of {\"turns\": [...]} lines (the eval_datasets/ folder of the "
@@ -178,10 +179,9 @@ def table(res: dict) -> str:
 
 def coverage_plot(coverage: Mapping | None, path: Path, title: str) -> None:
     """coverage {k: per-slot rate} (spec.summarize) as one line per k in KS, saved to path."""
-    import matplotlib
-    matplotlib.use("Agg")  # files only, no display
-    import matplotlib.pyplot as plt
     import matplotlib.ticker
+
+    plt = plots.pyplot()
 
     fig, ax = plt.subplots(figsize=(6, 4))
     for k in KS:
@@ -190,17 +190,13 @@ def coverage_plot(coverage: Mapping | None, path: Path, title: str) -> None:
     ax.set(xlabel="drafted slot", ylabel="coverage", ylim=(0, 1), title=title)
     ax.xaxis.set_major_locator(matplotlib.ticker.MaxNLocator(integer=True))
     ax.legend()
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
+    plots.save(fig, path)
 
 
 def write(res: dict, out: str | Path) -> list[Path]:
     """results.json, coverage.png (overall coverage per slot, one line per k in KS) and tau.png (tau and the
     prefix-first oracle tau per suite) under out; returns the paths."""
-    import matplotlib
-    matplotlib.use("Agg")  # files only, no display
-    import matplotlib.pyplot as plt
+    plt = plots.pyplot()
 
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
@@ -217,9 +213,7 @@ def write(res: dict, out: str | Path) -> list[Path]:
     ax.set(ylabel="tokens per round", title="tau per suite")
     ax.margins(y=0.25)  # room above the bars for the legend
     ax.legend()
-    fig.tight_layout()
-    fig.savefig(paths[2], dpi=120)
-    plt.close(fig)
+    plots.save(fig, paths[2])
     return paths
 
 

@@ -9,6 +9,7 @@ import statistics
 from collections.abc import Sequence
 from pathlib import Path
 
+from . import plots
 from .serve_bench import SUITES, order
 
 MODES = ("greedy", "sampling")
@@ -101,13 +102,6 @@ def run_table(res: dict) -> str:
     return "\n".join(out) + "\n"
 
 
-def _plt():
-    import matplotlib
-    matplotlib.use("Agg")  # files only, no display
-    import matplotlib.pyplot as plt
-    return plt
-
-
 def _bars(ax, suites: Sequence[str], series: dict[str, list[float | None]], ylabel: str, title: str,
           errs: dict[str, list[float | None]] | None = None) -> None:
     """Grouped bars per suite, one series each; errs: std per bar (sampling seeds)."""
@@ -135,7 +129,7 @@ def _sweep(ax, series: dict[str, list[tuple[int, float | None]]], ylabel: str) -
 def write_run(res: dict, out: Path) -> list[Path]:
     """table.md, tps.png (tokens/s and tau per suite at the first concurrency, std over seeds as error bars) and,
     with a sweep, concurrency.png under out; returns the paths."""
-    plt = _plt()
+    plt = plots.pyplot()
     cfg, cells, modes = res["config"], _cells(res), _modes(res)
     suites, c = list(cfg["suites"]), cfg["concurrency"][0]
     paths = [out / "table.md", out / "tps.png"]
@@ -147,17 +141,13 @@ def write_run(res: dict, out: Path) -> list[Path]:
         _bars(ax, suites, {_t(m, cfg["temperature"]): [x.get(k) for x in get[m]] for m in modes}, label,
               f"{label}, concurrency {c}", {_t(m, cfg["temperature"]): [x.get(f"{k}_std") for x in get[m]]
                                              for m in modes})
-    fig.tight_layout()
-    fig.savefig(paths[1], dpi=120)
-    plt.close(fig)
+    plots.save(fig, paths[1])
     if len(cfg["concurrency"]) > 1:
         paths.append(out / "concurrency.png")
         fig, ax = plt.subplots(figsize=(6, 4))
         _sweep(ax, {_t(m, cfg["temperature"]): [(x, _avg([cells.get((s, m, x), {}).get("tps") for s in suites]))
                                      for x in cfg["concurrency"]] for m in modes}, "output tokens/s")
-        fig.tight_layout()
-        fig.savefig(paths[2], dpi=120)
-        plt.close(fig)
+        plots.save(fig, paths[2])
     return paths
 
 
@@ -259,7 +249,7 @@ def compare_table(j: dict) -> str:
 def write_compare(j: dict, out: str | Path) -> list[Path]:
     """compare.md, compare.json, speedup.png (per suite, lowest concurrency) and, with sweeps, concurrency.png
     under out; returns the paths."""
-    plt = _plt()
+    plt = plots.pyplot()
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     suites, modes, conc = _common(j)
@@ -278,16 +268,12 @@ def write_compare(j: dict, out: str | Path) -> list[Path]:
         _bars(ax, suites, {lb: [sp(lb, s) for s in suites] for lb in others}, f"speedup over {base}",
               f"{_t(m, temp)}, concurrency {c}")
         ax.axhline(1.0, color="grey", lw=0.8)
-    fig.tight_layout()
-    fig.savefig(paths[2], dpi=120)
-    plt.close(fig)
+    plots.save(fig, paths[2])
     if len(conc) > 1:
         paths.append(out / "concurrency.png")
         fig, ax = plt.subplots(figsize=(6, 4))
         _sweep(ax, {f"{lb} {_t(m, temp)}":
                     [(x, _avg([cells[lb].get((s, m, x), {}).get("tps") for s in suites])) for x in conc]
                     for lb in j["labels"] for m in modes}, "output tokens/s")
-        fig.tight_layout()
-        fig.savefig(paths[3], dpi=120)
-        plt.close(fig)
+        plots.save(fig, paths[3])
     return paths
