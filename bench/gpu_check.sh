@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The one prepared device call: 8 minutes at most (each step has a timeout; never run yet). On the
+# The one prepared device call: 10.5 minutes at most (8 without vLLM on the image) (each step has a timeout; never run yet). On the
 # lent GPU it:
 #   1. builds dcoco for the GPU's arch (CUTLASS from the carried wheel);
 #   2. runs tests/test_cuda.py + test_select.py on CUDA under both backends, against the literal reference
@@ -7,9 +7,12 @@
 #   3. runs compute-sanitizer memcheck and racecheck on a small fused case;
 #   4. runs a 20-step `dcoco train --mode joint` on a tiny random target under each backend;
 #   5. times fused vs native vs the reference (bench/gpu_bench.py);
-#   6. writes $OUT/<gpu>-<date>.json (bench/gpu_report.py). Commit it as bench/results/gpu/<gpu>-<date>.json:
+#   6. if vLLM is on the device image: serves a tiny target with a tiny DCOCO drafter on vLLM's GPU runner, CUDA
+#      graphs on; greedy output must equal no speculation, and the corrector must have drafted
+#      (bench/gpu_vllm_smoke.py); skipped, and said so, without vLLM;
+#   7. writes $OUT/<gpu>-<date>.json (bench/gpu_report.py). Commit it as bench/results/gpu/<gpu>-<date>.json:
 #      its "passed" (every fused check green) is what may put its arch into backend.VALIDATED_CUDA_ARCHS.
-# From the session:  run(command="bash bench/gpu_check.sh", carry=[".whl"], timeout_s=540)
+# From the session:  run(command="bash bench/gpu_check.sh", carry=[".whl"], timeout_s=600)
 # where .whl/ holds nvidia_cutlass-4.2.0.0-py3-none-any.whl (pip download --no-deps nvidia-cutlass==4.2.0.0 -d .whl).
 set -uo pipefail
 OUT=${OUT:-/tmp/gpu_check}
@@ -56,5 +59,15 @@ done
 # 5. timings
 timeout 60 python3 bench/gpu_bench.py --out "$W" 2>&1 | tee "$OUT/bench.log" | tail -16
 
-# 6. the one JSON to commit
+# 6. the plugin on vLLM's GPU runner, when the image has vLLM (nothing can be installed there: no network)
+if python3 -c "import vllm" 2>/dev/null; then
+  for what in plain dcoco; do
+    timeout 75 python3 bench/gpu_vllm_smoke.py "$W" $what >"$W/vllm_$what.log" 2>&1 || tail -5 "$W/vllm_$what.log"
+  done
+  log "vllm: $(cat "$W/vllm.json" 2>/dev/null | python3 -c 'import json,sys; r=json.load(sys.stdin); print(r["vllm"], "passed", r["passed"])' 2>/dev/null || echo failed, see vllm_dcoco.log)"
+else
+  log "vllm: not on this image, step skipped"
+fi
+
+# 7. the one JSON to commit
 python3 bench/gpu_report.py "$W" "$OUT" | tee -a "$OUT/summary.txt"

@@ -1,6 +1,6 @@
-"""The one JSON of a device check (bench/gpu_check.sh step 6): python bench/gpu_report.py WORK OUT
+"""The one JSON of a device check (bench/gpu_check.sh step 7): python bench/gpu_report.py WORK OUT
 
-Reads WORK (junit.xml, sanitizer_*.{rc,log}, train_*.json, gpu_bench.json) and writes OUT/<gpu>-<date>.json:
+Reads WORK (junit.xml, sanitizer_*.{rc,log}, train_*.json, gpu_bench.json, vllm.json) and writes OUT/<gpu>-<date>.json:
 per backend the test counts and failures, the sanitizer results, the training smokes, the timings, and
 "passed": every fused check green (tests, both sanitizers, the fused training smoke). Only an arch with a
 committed passing JSON may enter backend.VALIDATED_CUDA_ARCHS (tests/test_backend.py checks it).
@@ -66,6 +66,7 @@ def main(work: str, out: str) -> None:
         "gpu": gpu, "arch": f"sm_{major}{minor}", "date": time.strftime("%Y-%m-%d"), "torch": torch.__version__,
         "dcoco": dcoco.build_info(), "tests": t, "sanitizer": sanitizer, "train_smoke": train,
         "bench": read_json(work / "gpu_bench.json"),
+        "vllm": read_json(work / "vllm.json"),  # None: vLLM not on the image, or the step failed
         "passed": green("fused") and all(s["returncode"] == 0 for s in sanitizer.values()),
         "native_passed": green("native"),
     }

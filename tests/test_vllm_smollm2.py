@@ -33,6 +33,7 @@ def demo_drafter(sizes=("full", "default")) -> Path | None:
     return None
 
 
+GAP = 0.03  # largest per-position acceptance difference allowed between vLLM (bf16) and dcoco.spec (fp32)
 needs_trained = pytest.mark.skipif(demo_drafter() is None, reason="no trained demo drafter: run `dcoco demo`")
 pytestmark = pytest.mark.skipif(demo_drafter(("full", "default", "smoke")) is None,
                                 reason="no demo drafter: run `dcoco demo` (or --smoke)")
@@ -56,15 +57,15 @@ def setup(tmp_path_factory):
             "n": drafter.config.block_size - 1, "prompts": prompts}
 
 
-def _run(s, drafter: Path):
+def _run(s, drafter: Path, **spec):
     from vllm import SamplingParams
     from vllm.inputs import TokensPrompt
 
     llm = vllm.LLM(model=str(s["target"]), dtype="bfloat16", max_model_len=1024, max_num_seqs=8, enforce_eager=True,
                    disable_log_stats=False, seed=0, speculative_config={
-                       "method": "dflash", "model": str(drafter), "num_speculative_tokens": s["n"]})
+                       "method": "dflash", "model": str(drafter), "num_speculative_tokens": s["n"], **spec})
     outs = llm.generate([TokensPrompt(prompt_token_ids=p) for p in s["prompts"]],
-                        SamplingParams(temperature=0.0, max_tokens=64))
+                        SamplingParams(temperature=0.0, max_tokens=64), use_tqdm=False)
     c = {m.name: getattr(m, "values", None) or getattr(m, "value", None) for m in llm.get_metrics()
          if m.name.startswith("vllm:spec_decode")}
     del llm
@@ -72,19 +73,62 @@ def _run(s, drafter: Path):
     return [list(o.outputs[0].token_ids) for o in outs], c
 
 
+@pytest.fixture(scope="module")
+def served(setup):
+    """Greedy vLLM runs of the same drafter: DCOCO through compute_logits, DCOCO through get_top_tokens
+    (use_local_argmax_reduction), and the corrector off."""
+    return {"dcoco": _run(setup, setup["dcoco"]),
+            "local": _run(setup, setup["dcoco"], use_local_argmax_reduction=True),
+            "off": _run(setup, setup["off"])}
+
+
+def _per_pos(c: dict) -> list[float]:
+    return [a / c["vllm:spec_decode_num_drafts"] for a in c["vllm:spec_decode_num_accepted_tokens_per_pos"]]
+
+
+def _mal(c: dict) -> float:
+    return 1 + c["vllm:spec_decode_num_accepted_tokens"] / c["vllm:spec_decode_num_drafts"]
+
+
 @needs_trained
-def test_corrector_lengthens_accepted_prefixes(setup):
-    tokens_on, on = _run(setup, setup["dcoco"])
-    tokens_off, off = _run(setup, setup["off"])
-    mal = {k: 1 + c["vllm:spec_decode_num_accepted_tokens"] / c["vllm:spec_decode_num_drafts"]
-           for k, c in (("dcoco", on), ("off", off))}
-    print(f"\n{setup['dcoco']}: mean acceptance length DCOCO {mal['dcoco']:.3f}, corrector off {mal['off']:.3f}; "
+def test_corrector_lengthens_accepted_prefixes(setup, served):
+    (tokens_on, on), (tokens_off, off) = served["dcoco"], served["off"]
+    print(f"\n{setup['dcoco']}: mean acceptance length DCOCO {_mal(on):.3f}, corrector off {_mal(off):.3f}; "
           f"per position DCOCO {on['vllm:spec_decode_num_accepted_tokens_per_pos']}, "
           f"off {off['vllm:spec_decode_num_accepted_tokens_per_pos']}")
     assert on["vllm:spec_decode_num_accepted_tokens"] > 0 and off["vllm:spec_decode_num_accepted_tokens"] > 0
-    assert mal["dcoco"] > mal["off"]
+    assert _mal(on) > _mal(off)
     same = sum(a == b for a, b in zip(tokens_on, tokens_off))
     assert same >= len(tokens_on) - 1  # greedy: identical text (bf16 near-ties may flip one prompt)
+
+
+def test_local_argmax_reduction_keeps_the_corrector(served):
+    """With use_local_argmax_reduction vLLM takes tokens from get_top_tokens: the drafts, so the acceptance
+    counters, are the compute_logits path's, and not the corrector-off drafter's."""
+    (tokens, c), (tokens_local, local), (_, off) = served["dcoco"], served["local"], served["off"]
+    assert tokens_local == tokens and local == c
+    if off["vllm:spec_decode_num_accepted_tokens"] or c["vllm:spec_decode_num_accepted_tokens"]:
+        assert local["vllm:spec_decode_num_accepted_tokens_per_pos"] != \
+            off["vllm:spec_decode_num_accepted_tokens_per_pos"]
+
+
+def test_vllm_acceptance_equals_offline_spec(setup, served):
+    """Train/serve agreement: for the same drafter, prompts and greedy decoding, vLLM's per-position acceptance
+    equals dcoco.spec's offline figures (the engine the demo and `dcoco eval` report), up to numerics: vLLM serves
+    bfloat16, dcoco.spec runs float32, so near-tied argmaxes can flip a round."""
+    from dcoco.spec import Engine, summarize
+
+    tok, model = smollm2.load()
+    drafter, corrector = checkpoint.load(setup["dcoco"])
+    engine = Engine(model, drafter, corrector, num_candidates=corrector.num_candidates)
+    offline = summarize([engine.generate(p, 64) for p in setup["prompts"]])
+    served_rate, offline_rate = _per_pos(served["dcoco"][1]), offline["accept_rate"][:setup["n"]]
+    gap = max(abs(a - b) for a, b in zip(served_rate, offline_rate))
+    print(f"\nper-position acceptance: vLLM {[round(x, 4) for x in served_rate]}, dcoco.spec "
+          f"{[round(x, 4) for x in offline_rate]}; largest gap {gap:.4f}; mean acceptance length vLLM "
+          f"{_mal(served['dcoco'][1]):.4f}, dcoco.spec tau {offline['tau']:.4f}")
+    assert gap <= GAP
+    assert abs(_mal(served["dcoco"][1]) - offline["tau"]) <= GAP * setup["n"]
 
 
 def _post(url: str, body: dict, timeout: float = 600) -> dict:

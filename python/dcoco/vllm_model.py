@@ -12,7 +12,9 @@ request-major, (R*N, d)) through one of two model calls, and the corrector sits 
   exact at any temperature.
 The corrector runs as the vLLM custom op `dcoco_corrector`: `forward_native` is dcoco's native backend,
 `forward_cpu` / `forward_cuda` follow dcoco's backend choice (backend.py), and
-`--compilation-config '{"custom_ops": ["-dcoco_corrector"]}'` switches it the way vLLM's own ops are switched.
+`--compilation-config '{"custom_ops": ["-dcoco_corrector"]}'` switches it to forward_native the way vLLM's own ops
+are switched. It is on by default, also under inductor (where vLLM's own ops default off): it runs outside the
+compiled region, and the backend choice already picks native code where the fused kernel is not proven.
 
 Under tensor parallelism the target's embedding is a vocab-parallel shard on each rank: the full (V, d) table is
 gathered once, when vLLM shares it into the drafter at load time, and the vocabulary table of
@@ -28,6 +30,7 @@ import weakref
 from collections.abc import Iterable
 
 import torch
+from vllm.config import get_cached_compilation_config
 from vllm.logger import init_logger
 from vllm.model_executor.custom_op import CustomOp
 from vllm.model_executor.models.qwen3_dflash import DFlashQwen3ForCausalLM
@@ -40,6 +43,7 @@ from .select import select
 logger = init_logger(__name__)
 
 OP_NAME = "dcoco_corrector"
+HOOK = "dcoco_hook"  # profiler region: everything the plugin adds to a draft call (top-K, corrector, write)
 
 
 def _dcoco_config(hf_config, model: str, revision) -> dict | None:
@@ -58,7 +62,10 @@ class CorrectorOp(CustomOp):
     drafter's argmax), by the checkpoint's selection rule. It owns no parameters: the model keeps the corrector."""
 
     def __init__(self, corrector: Corrector, selection: str):
-        super().__init__()
+        # On unless "-dcoco_corrector": vLLM turns custom ops off by default under inductor so that the compiler
+        # sees native code, but the corrector runs outside vLLM's compiled region, and forward_cpu/forward_cuda
+        # already pick the native backend wherever the fused kernel is not proven.
+        super().__init__(enforce_enable=f"-{OP_NAME}" not in get_cached_compilation_config().custom_ops)
         self.selection = selection
         self._corrector = [corrector]  # a plain reference, so the corrector's weights stay the model's
         self.embed: torch.Tensor | None = None  # the full (V, d) target embedding, set by the model once loaded
@@ -118,8 +125,8 @@ class DFlashDCOCOForCausalLM(DFlashQwen3ForCausalLM):
         self.corrector_op = CorrectorOp(self.corrector, dc["selection"])
         self._watch_embedding()
         logger.info("dcoco: corrector on (K=%d, width=%d, mlp_hidden=%d, selection=%s), %d drafted slots, "
-                    "custom op %s %s", dc["num_candidates"], dc["width"], dc["mlp_hidden"], dc["selection"],
-                    self.num_slots, OP_NAME, "enabled" if CorrectorOp.enabled() else "disabled (forward_native)")
+                    "custom op %s runs %s", dc["num_candidates"], dc["width"], dc["mlp_hidden"], dc["selection"],
+                    self.num_slots, OP_NAME, self.corrector_op._forward_method.__name__)
 
     def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]):
         mine: dict[str, torch.Tensor] = {}
@@ -217,23 +224,26 @@ class DFlashDCOCOForCausalLM(DFlashQwen3ForCausalLM):
     def correct(self, hidden: torch.Tensor, cand_ids: torch.Tensor, cand_logits: torch.Tensor) -> torch.Tensor:
         """(R*N,) corrected tokens from the (R*N, d) hidden rows and their (R*N, K) top-K (rank 0 = argmax)."""
         R, K = hidden.shape[0] // self.num_slots, cand_ids.shape[-1]
-        return self.corrector_op(hidden.view(R, self.num_slots, -1), cand_ids.view(R, self.num_slots, K),
-                                 cand_logits.view(R, self.num_slots, K)).view(-1)
+        with torch.profiler.record_function(OP_NAME):  # the corrector's share of a draft step, in a profile
+            return self.corrector_op(hidden.view(R, self.num_slots, -1), cand_ids.view(R, self.num_slots, K),
+                                     cand_logits.view(R, self.num_slots, K)).view(-1)
 
     def compute_logits(self, hidden_states: torch.Tensor) -> torch.Tensor | None:
         logits = super().compute_logits(hidden_states)
         if logits is None or self._slots(logits.shape[0]) is None:
             return logits
-        top = logits.topk(min(self.corrector.num_candidates, logits.shape[1]), dim=-1)  # sorted: rank 0 = argmax
-        tokens = self.correct(hidden_states, top.indices, top.values.float())[:, None]
-        if self.point_mass:
-            return logits.fill_(float("-inf")).scatter_(1, tokens, 0.0)
-        return logits.scatter_(1, tokens, float("inf"))
+        with torch.profiler.record_function(HOOK):
+            top = logits.topk(min(self.corrector.num_candidates, logits.shape[1]), dim=-1)  # rank 0 = argmax
+            tokens = self.correct(hidden_states, top.indices, top.values.float())[:, None]
+            if self.point_mass:
+                return logits.fill_(float("-inf")).scatter_(1, tokens, 0.0)
+            return logits.scatter_(1, tokens, float("inf"))
 
     def get_top_tokens(self, hidden_states: torch.Tensor) -> torch.Tensor:
         if self._slots(hidden_states.shape[0]) is None:
             return super().get_top_tokens(hidden_states)
-        ids, values = self.logits_processor.get_top_k_tokens(self.lm_head, hidden_states,
-                                                              min(self.corrector.num_candidates,
-                                                                  self.model.embed_tokens.org_vocab_size))
-        return self.correct(hidden_states, ids, values)
+        with torch.profiler.record_function(HOOK):  # includes the LM head here: vLLM's reduction runs it
+            ids, values = self.logits_processor.get_top_k_tokens(self.lm_head, hidden_states,
+                                                                  min(self.corrector.num_candidates,
+                                                                      self.model.embed_tokens.org_vocab_size))
+            return self.correct(hidden_states, ids, values)
