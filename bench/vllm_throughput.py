@@ -96,8 +96,8 @@ def throughput(a, work: Path, out: Path) -> dict:
             cmd = [sys.executable, __file__, "--one", name, "--size", a.size, "--concurrency", a.concurrency,
                    "--max-tokens", str(a.max_tokens)]
             p = subprocess.run(cmd, capture_output=True, text=True)
-            (out / f"{name}-round{r}.log").write_text(p.stderr[-20000:])
             if p.returncode:
+                (out / f"{name}-round{r}.log").write_text(p.stderr)
                 raise SystemExit(f"{name}, round {r} failed (log {out / f'{name}-round{r}.log'}):\n{p.stderr[-3000:]}")
             for c, cell in json.loads(p.stdout.strip().splitlines()[-1]).items():
                 runs.append({"round": r, "system": name, "concurrency": int(c), **cell})
