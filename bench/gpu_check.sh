@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# The one prepared device call: 10.5 minutes at most (8 without vLLM on the image) (each step has a timeout; never run yet). On the
-# lent GPU it:
+# The one prepared device call: 10.5 minutes at most, 8 without vLLM on the image (each step has a timeout;
+# never run yet). On the lent GPU it:
 #   1. builds dcoco for the GPU's arch (CUTLASS from the carried wheel);
 #   2. runs tests/test_cuda.py + test_select.py on CUDA under both backends, against the literal reference
 #      (every fused kernel path, CUDA-graph capture and replay of both backends, backward);

@@ -1,7 +1,8 @@
 """The one JSON of a device check (bench/gpu_check.sh step 7): python bench/gpu_report.py WORK OUT
 
-Reads WORK (junit.xml, sanitizer_*.{rc,log}, train_*.json, gpu_bench.json, vllm.json) and writes OUT/<gpu>-<date>.json:
-per backend the test counts and failures, the sanitizer results, the training smokes, the timings, and
+Reads WORK (junit.xml, sanitizer_*.{rc,log}, train_*.json, gpu_bench.json, vllm.json) and writes
+OUT/<gpu>-<date>.json: per backend the test counts and failures, the sanitizer results, the training smokes, the
+timings, the vLLM step, and
 "passed": every fused check green (tests, both sanitizers, the fused training smoke). Only an arch with a
 committed passing JSON may enter backend.VALIDATED_CUDA_ARCHS (tests/test_backend.py checks it).
 """

@@ -17,6 +17,7 @@ Profile: the DCOCO drafter in-process under torch.profiler at concurrency 1 and 
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import os
 import statistics
@@ -33,10 +34,15 @@ from dcoco.evaluate import load_suites
 SYSTEMS = {"no-spec": None, "dflash": "dflash-long", "dcoco": "dcoco-drafter"}
 
 
-def prompts(n: int) -> list[str]:
-    """dcoco's held-out prompts (never trained on), n of them, cycling."""
+@functools.cache
+def _held_out() -> tuple[str, ...]:
     held_out = Path(str(resources.files("dcoco") / "data" / "eval"))
-    ps = [p for rows in load_suites([held_out], rows=4).values() for p in rows]
+    return tuple(p for rows in load_suites([held_out], rows=4).values() for p in rows)
+
+
+def prompts(n: int) -> list[str]:
+    """dcoco's held-out prompts (never trained on), n of them, cycling (read from disk once)."""
+    ps = _held_out()
     return [ps[i % len(ps)] for i in range(n)]
 
 
