@@ -24,7 +24,7 @@ def main(work: Path, what: str) -> None:
     from vllm.inputs import TokensPrompt
 
     import vllm_probes as probes
-    from test_vllm import N, PROMPTS, _drafter, _target
+    from test_vllm import N, PROMPTS, _drafter, _spec_counters, _target
 
     models = work / "vllm_models"
     if what == "plain":
@@ -48,8 +48,7 @@ def main(work: Path, what: str) -> None:
         return
     log = llm.collective_rpc(probes.recorded)[0]
     plain = json.loads((work / "vllm_plain.json").read_text())
-    counters = {m.name: getattr(m, "values", None) or getattr(m, "value", None) for m in llm.get_metrics()
-                if m.name.startswith("vllm:spec_decode")}
+    counters = _spec_counters(llm)
     res = {"vllm": vllm.__version__, "start_s": start, "state": {k: v for k, v in state.items() if k != "weight"},
            "greedy_equal": tokens == plain["tokens"], "corrected_calls": len(log["drafts"]),
            "entries": log["entries"], "counters": counters}

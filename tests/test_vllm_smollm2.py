@@ -23,6 +23,7 @@ pytest.importorskip("gguf", reason="the embedded SmolLM2 target needs gguf (bash
 from dcoco import checkpoint, demo, smollm2  # noqa: E402
 from dcoco.evaluate import encode, load_suites  # noqa: E402
 from dcoco.vllm_server import VLLMServer  # noqa: E402
+from test_vllm import _spec_counters  # noqa: E402
 
 
 SHIPPED = Path(__file__).parent / "data" / "smollm2-dcoco"  # a default-size demo drafter (its README)
@@ -67,8 +68,7 @@ def _run(s, drafter: Path, **spec):
                        "method": "dflash", "model": str(drafter), "num_speculative_tokens": s["n"], **spec})
     outs = llm.generate([TokensPrompt(prompt_token_ids=p) for p in s["prompts"]],
                         SamplingParams(temperature=0.0, max_tokens=64), use_tqdm=False)
-    c = {m.name: getattr(m, "values", None) or getattr(m, "value", None) for m in llm.get_metrics()
-         if m.name.startswith("vllm:spec_decode")}
+    c = _spec_counters(llm)
     del llm
     gc.collect()
     return [list(o.outputs[0].token_ids) for o in outs], c
