@@ -92,9 +92,11 @@ class Stub:
                         c["pos1"] += a - d
                     answer = f"answer {len(stub.log)} to <{prompt[:24]}>"
                     stub.log.append({"body": body, "tokens": n, "drafts": d, "accepted": a, "answer": answer})
+                choice = {"index": 0, "message": {"role": "assistant", "content": answer}, "finish_reason": "length"}
+                if body.get("return_token_ids"):  # as vLLM does
+                    choice["token_ids"] = [7 + (len(prompt) + i) % 50 for i in range(n)]
                 self._send(200, json.dumps({
-                    "choices": [{"index": 0, "message": {"role": "assistant", "content": answer},
-                                 "finish_reason": "length"}],
+                    "choices": [choice],
                     "usage": {"prompt_tokens": len(prompt), "completion_tokens": n}}).encode())
 
         self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)

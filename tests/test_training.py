@@ -149,12 +149,80 @@ def test_resume_reproduces_the_uninterrupted_run(target, corpus, tmp_path):
         for (k, x), y in zip(a.state_dict().items(), b.state_dict().values()):
             assert torch.equal(x, y), k
     assert [r["loss"] for r in full.history[3:]] == [r["loss"] for r in rest.history]
-    drafter, corrector = checkpoint.load(tmp_path / "b")
-    assert torch.equal(drafter.fc.weight, full.drafter.fc.weight)
-    assert torch.equal(corrector.pair_proj.weight, full.corrector.pair_proj.weight)
+    drafter, corrector = checkpoint.load(tmp_path / "b")  # the serving checkpoint: bfloat16, like z-lab's
+    assert json.loads((tmp_path / "b" / "config.json").read_text())["dtype"] == "bfloat16"
+    assert torch.equal(drafter.fc.weight, full.drafter.fc.weight.bfloat16())
+    assert torch.equal(corrector.pair_proj.weight, full.corrector.pair_proj.weight.bfloat16())
+    state = torch.load(tmp_path / "b" / "train_state.pt", weights_only=False)  # the training state: float32
+    assert state["drafter"]["fc.weight"].dtype == torch.float32
     with pytest.raises(ValueError, match="seed"):
         train(small(out=str(tmp_path / "b"), steps=6, resume=True, seed=1), corpus, embed, head,
               drafter_cfg(target), progress=False)
+
+
+def test_gradient_accumulation_and_chunked_head(target, corpus, tmp_path):
+    """grad_accum micro-batches per step (the step's record is their mean), and a run whose LM head is computed
+    in 3-row chunks ends where the one-chunk run does."""
+    embed, head = frozen(target)
+    acc = train(small(out=str(tmp_path / "a"), steps=2, grad_accum=2, seqs_per_step=1), corpus, embed, head,
+                drafter_cfg(target), progress=False)
+    torch.manual_seed(0)
+    obj = Objective(DFlashDrafter(drafter_cfg(target)), Corrector(64, 32, 16, 32), small(grad_accum=2))
+    sched = Schedule(corpus, 0, 1, 8, 0, 1)
+    with torch.no_grad():
+        micro = [float(obj(sched.batch(k), embed, head)["loss"]) for k in (0, 1)]
+    assert acc.history[0]["loss"] == pytest.approx(sum(micro) / 2, rel=1e-5)
+    assert [r["step"] for r in acc.history] == [1, 2]
+    with pytest.raises(ValueError, match="grad_accum"):
+        train(small(out=str(tmp_path / "a"), steps=2, grad_accum=1, seqs_per_step=1, resume=True), corpus, embed,
+              head, drafter_cfg(target), progress=False)
+    one, chunked = (train(small(out=str(tmp_path / f"c{n}"), steps=3, logit_chunk=n), corpus, embed, head,
+                          drafter_cfg(target), progress=False) for n in (None, 3))
+    for x, y in zip(one.drafter.state_dict().values(), chunked.drafter.state_dict().values()):
+        torch.testing.assert_close(x, y, rtol=1e-4, atol=1e-5)
+    assert [r["loss"] for r in one.history] == pytest.approx([r["loss"] for r in chunked.history], rel=1e-5)
+
+
+def test_held_out_sequences_are_never_trained_on_and_evaluated(target, corpus, tmp_path):
+    sched = Schedule(corpus, 0, 2, 8, 0, 1, held_out=3)
+    assert len(sched.held_out) == 3 and not set(sched.held_out) & set(sched.usable)
+    assert sched.held_out == Schedule(corpus, 0, 1, 8, 1, 2, held_out=3).held_out  # any rank, any world size
+    embed, head = frozen(target)
+    res = train(small(out=str(tmp_path / "e"), steps=4, eval_sequences=3, eval_every=2), corpus, embed, head,
+                drafter_cfg(target), progress=False)
+    ev = [json.loads(x) for x in (tmp_path / "e" / "eval.jsonl").read_text().splitlines()]
+    assert [e["step"] for e in ev] == [2, 4] and all(e["eval_blocks"] > 0 and e["eval_tau_dflash"] >= 1 for e in ev)
+    assert "eval_tau_dcoco" in ev[0] and res.step == 4
+    with pytest.raises(ValueError, match="eval_sequences"):
+        Schedule(corpus, 0, 2, 8, 0, 1, held_out=len(corpus))
+
+
+def test_export_drafter_only_and_dtype(target, tmp_path):
+    torch.manual_seed(0)
+    src = tmp_path / "src"
+    drafter = DFlashDrafter(drafter_cfg(target))
+    checkpoint.save(src, drafter, Corrector(64, 32, 16, 32))
+    assert cli.main(["export", str(src), str(tmp_path / "plain"), "--drafter-only", "--dtype", "bfloat16"]) == 0
+    d, c = checkpoint.load(tmp_path / "plain")
+    assert c is None and d.fc.weight.dtype == torch.bfloat16 and torch.equal(d.fc.weight, drafter.fc.weight.bfloat16())
+    cfg = json.loads((tmp_path / "plain" / "config.json").read_text())
+    assert cfg["architectures"] == ["DFlashDraftModel"] and "dcoco_config" not in cfg
+    assert set(load_file(tmp_path / "plain" / "model.safetensors")) == set(drafter.state_dict())
+    assert cli.main(["export", str(src), str(tmp_path / "same")]) == 0
+    assert checkpoint.load(tmp_path / "same")[1] is not None
+    with pytest.raises(SystemExit, match="source checkpoint"):
+        cli.main(["export", str(src), str(src)])
+
+
+def test_chat_template_thinking_off_and_dropped_prompts(target, capsys):
+    tok, _ = target
+    tok = __import__("copy").deepcopy(tok)
+    tok.chat_template = ("{% for m in messages %}{{ m.content }}{% endfor %}"
+                         "{% if enable_thinking is defined and not enable_thinking %} off{% endif %}")
+    ids = corpus_mod.encode_prompts(tok, ["a b", "a b c d e f g h"], max_tokens=3)
+    assert ids == [tok("a b off", add_special_tokens=False)["input_ids"]]  # thinking off by default
+    assert "dropped 1 of 2 prompts longer than 3 tokens" in capsys.readouterr().out
+    assert corpus_mod.encode_prompts(tok, ["a b"], thinking=True) == [tok("a b", add_special_tokens=False)["input_ids"]]
 
 
 def test_serving_checkpoint_round_trip_and_broken_ones(target, tmp_path):
@@ -237,6 +305,49 @@ def test_cli_drafter_then_corrector(target_dir, corpus, tmp_path):
     assert [r["step"] for r in log] == [1, 2] and "tau_dcoco" in log[0]
 
 
+def test_recipe_file_stages_overrides_and_rerun(target_dir, corpus, tmp_path, capsys):
+    """A TOML recipe: its keys are the defaults, flags override them, stages run in order from the one before,
+    a rerun skips finished stages, and unknown keys are named."""
+    recipe = tmp_path / "r.toml"  # tiny.train_args as a recipe
+    recipe.write_text(f"""
+target = "{target_dir}"
+prompts = "{target_dir / 'prompts.jsonl'}"
+cache_dir = "{corpus.path.parent}"
+max_new_tokens = 24
+gen_batch = 4
+feat_batch = 4
+layers = 1
+target_layers = {list(TAPS)}
+block_size = 8
+anchors = 8
+candidates = 32
+width = 16
+mlp_hidden = 32
+save_dtype = "float32"
+lr = 1.0
+[[stages]]
+mode = "drafter"
+steps = 2
+out = "{tmp_path / 's1'}"
+[[stages]]
+mode = "corrector"
+steps = 3
+out = "{tmp_path / 's2'}"
+""")
+    argv = ["train", "--config", str(recipe), "--lr", "1e-3", "--no-progress"]
+    assert cli.main(argv) == 0
+    d1, c1 = checkpoint.load(tmp_path / "s1")
+    d2, c2 = checkpoint.load(tmp_path / "s2")
+    assert c1 is None and c2 is not None and torch.equal(d1.fc.weight, d2.fc.weight)  # stage 2 froze stage 1's
+    assert torch.load(tmp_path / "s2" / "train_state.pt", weights_only=False)["config"]["lr"] == 1e-3  # flag won
+    capsys.readouterr()
+    assert cli.main(argv) == 0
+    assert capsys.readouterr().out.count("done, skipped") == 2
+    recipe.write_text(recipe.read_text() + "colour = 3\n")
+    with pytest.raises(SystemExit, match="unknown key.*colour"):
+        cli.main(argv)
+
+
 WRAPPER = """
 import hashlib, sys, torch, torch.distributed as dist
 from dcoco import backend, cli, recipe
@@ -257,7 +368,7 @@ def test_torchrun_two_cpu_ranks_end_equal(target_dir, corpus, tmp_path, backend)
     env = {**os.environ, "OMP_NUM_THREADS": "1", "CUDA_VISIBLE_DEVICES": "", "DCOCO_BACKEND": backend}
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", str(tmp_path / "w.py"),
            str(tmp_path), *tiny.train_args(target_dir, corpus.path.parent, tmp_path / "out", "--mode", "joint",
-                                           "--seqs-per-step", "1", "--steps", "3")]
+                                           "--seqs-per-step", "1", "--steps", "4", "--stop-at", "3")]
     r = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=120)
     assert r.returncode == 0, r.stderr[-3000:]
     sums = [(tmp_path / f"rank{i}.txt").read_text() for i in (0, 1)]
@@ -265,3 +376,20 @@ def test_torchrun_two_cpu_ranks_end_equal(target_dir, corpus, tmp_path, backend)
     state = torch.load(tmp_path / "out" / "train_state.pt", weights_only=False)
     assert state["world"] == 2 and state["step"] == 3
     assert len((tmp_path / "out" / "log.jsonl").read_text().splitlines()) == 3  # rank 0 only
+    # resumed on one rank: the same global batch (1 sequence x 2 ranks = 2 x 1) sees the same sequences
+    one_rank = tiny.train_args(target_dir, corpus.path.parent, tmp_path / "out", "--mode", "joint", "--steps", "4",
+                               "--resume")
+    with pytest.raises(ValueError, match="global batch"):
+        cli.main([*one_rank, "--seqs-per-step", "1"])
+    assert cli.main([*one_rank, "--seqs-per-step", "2"]) == 0
+    assert torch.load(tmp_path / "out" / "train_state.pt", weights_only=False)["step"] == 4
+
+
+def test_schedule_depends_on_the_global_batch_only(corpus):
+    whole = Schedule(corpus, 0, 2, 8, 0, 1)
+    for step in (0, 1, whole.steps_per_epoch + 1):
+        halves = [Schedule(corpus, 0, 1, 8, rank, 2).batch(step) for rank in (0, 1)]
+        b = whole.batch(step)
+        for i, half in enumerate(halves):  # rank r gets sequence r of the global batch, with the same anchors
+            assert torch.equal(half["ids"][0, :b["ids"].shape[1]], b["ids"][i, :half["ids"].shape[1]])
+            assert torch.equal(half["anchors"][0], b["anchors"][i, :half["anchors"].shape[1]])

@@ -2,7 +2,8 @@
 (--full, else the default size), else the one shipped in tests/data (so CI runs all of it). DCOCO's mean acceptance
 length above the same drafter with the corrector off; use_local_argmax_reduction drafting the same; vLLM's
 per-position acceptance equal to dcoco.spec's offline figures (train/serve agreement); `vllm serve` under 32
-concurrent requests with 0 failures. Runs in .venv-vllm (scripts/test_vllm.sh)."""
+concurrent requests with 0 failures, and `dcoco data generate` against that server. Runs in .venv-vllm
+(scripts/test_vllm.sh)."""
 
 import gc
 import json
@@ -20,7 +21,7 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 vllm = pytest.importorskip("vllm", reason="vLLM is not installed (bash scripts/setup_vllm.sh)")
 pytest.importorskip("gguf", reason="the embedded SmolLM2 target needs gguf (bash scripts/setup_vllm.sh)")
 
-from dcoco import checkpoint, demo, smollm2  # noqa: E402
+from dcoco import checkpoint, cli, demo, smollm2  # noqa: E402
 from dcoco.evaluate import encode, load_suites  # noqa: E402
 from dcoco.vllm_server import VLLMServer  # noqa: E402
 from test_vllm import _spec_counters  # noqa: E402
@@ -144,7 +145,7 @@ def test_vllm_serve_under_32_concurrent_requests(setup, tmp_path):
 
         def ask(q):
             try:
-                r = _post(server.url + "/v1/chat/completions", {"model": "smollm2", "max_tokens": 32,
+                r = _post(server.url + "/v1/chat/completions", {"model": "smollm2", "max_tokens": 8,
                                                                 "temperature": 0,
                                                                 "messages": [{"role": "user", "content": q}]})
                 return r["usage"]["completion_tokens"]
@@ -158,3 +159,18 @@ def test_vllm_serve_under_32_concurrent_requests(setup, tmp_path):
         metrics = urllib.request.urlopen(server.url + "/metrics", timeout=30).read().decode()
         drafts = [ln for ln in metrics.splitlines() if ln.startswith("vllm:spec_decode_num_drafts")]
         assert drafts and float(drafts[0].split()[-1]) > 0
+        # `dcoco data generate` against the same server: two-turn chats, vLLM's own token ids
+        chats = tmp_path / "chats.jsonl"
+        chats.write_text("".join(json.dumps({"turns": [q, "Now double it."]}) + "\n" for q in questions[:4]))
+        assert cli.main(["data", "generate", "--endpoint", server.url, "--model", "smollm2", "--input", str(chats),
+                         "--out", str(tmp_path / "data"), "--max-response-tokens", "8", "--no-progress"]) == 0
+    recs = [json.loads(x) for x in (tmp_path / "data" / "shard-00000-of-00001.jsonl").read_text().splitlines()]
+    assert sorted(r["row"] for r in recs) == [0, 1, 2, 3] and all(len(r["samples"]) == 2 for r in recs)
+    tok = smollm2.tokenizer()
+    for r in recs:  # the prompt ids vLLM reported equal SmolLM2's chat template here (no mismatch said)
+        first = r["samples"][0]
+        assert first["prompt_ids"] == tok.apply_chat_template(
+            [{"role": "user", "content": questions[r["row"]]}], add_generation_prompt=True, tokenize=True,
+            return_dict=False)
+        assert 1 <= len(first["response_ids"]) <= 8 and r["samples"][1]["prompt_ids"][:len(first["prompt_ids"])] \
+            == first["prompt_ids"]

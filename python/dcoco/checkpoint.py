@@ -23,12 +23,13 @@ PREFIX = "corrector."
 
 
 def save(path: str | Path, drafter: DFlashDrafter, corrector: Corrector | None = None,
-         selection: str = "greedy") -> None:
-    """Write drafter (+ corrector) to the directory path. selection: the path rule a server should use."""
+         selection: str = "greedy", dtype: torch.dtype | None = None) -> None:
+    """Write drafter (+ corrector) to the directory path. selection: the path rule a server should use. dtype:
+    the stored dtype (default: the drafter's; serving checkpoints are usually bfloat16)."""
     if not isinstance(drafter, DFlashDrafter):
         raise TypeError(f"drafter: expected a DFlashDrafter, got {type(drafter).__name__}")
     if corrector is None:
-        drafter.save_pretrained(path)
+        drafter.save_pretrained(path, dtype=dtype)
         return
     if not isinstance(corrector, Corrector):
         raise TypeError(f"corrector: expected a dcoco.Corrector or None, got {type(corrector).__name__}")
@@ -40,7 +41,8 @@ def save(path: str | Path, drafter: DFlashDrafter, corrector: Corrector | None =
     dcoco_config = {"num_candidates": corrector.num_candidates, "width": corrector.width,
                     "mlp_hidden": corrector.mlp_hidden, "selection": selection}
     drafter.save_pretrained(path, extra_tensors={PREFIX + k: v for k, v in corrector.state_dict().items()},
-                            config_update={"architectures": [ARCHITECTURE], "dcoco_config": dcoco_config})
+                            config_update={"architectures": [ARCHITECTURE], "dcoco_config": dcoco_config},
+                            dtype=dtype)
 
 
 def load(path: str | Path, dtype: torch.dtype | None = None,
@@ -77,6 +79,20 @@ def load(path: str | Path, dtype: torch.dtype | None = None,
     dtype = dtype or drafter.fc.weight.dtype
     corrector.load_state_dict({k: v.to(device=device, dtype=dtype) for k, v in tensors.items()}, assign=True)
     return drafter, corrector
+
+
+def export(src: str | Path, out: str | Path, drafter_only: bool = False, dtype: str | None = None) -> Path:
+    """Rewrite the checkpoint at src into out: drafter_only drops the corrector (a plain DFlash checkpoint, what
+    vLLM serves as DFlash: the "same drafter, corrector off" baseline); dtype ("bfloat16", "float16", "float32")
+    casts the stored tensors. Returns out."""
+    if Path(out).resolve() == Path(src).resolve():
+        raise ValueError(f"out: {out} is the source checkpoint; write to another folder")
+    if dtype is not None and dtype not in ("bfloat16", "float16", "float32"):
+        raise ValueError(f"dtype: expected bfloat16, float16 or float32, got {dtype!r}")
+    drafter, corrector = load(src)
+    selection = json.loads((Path(src) / "config.json").read_text()).get("dcoco_config", {}).get("selection", "greedy")
+    save(out, drafter, None if drafter_only else corrector, selection, getattr(torch, dtype) if dtype else None)
+    return Path(out)
 
 
 def dcoco_config(dc, path: Path) -> dict:

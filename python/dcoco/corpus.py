@@ -36,17 +36,25 @@ def load_prompts(path: str | Path | None = None) -> list[str]:
     return prompts
 
 
-def encode_prompts(tokenizer, prompts: Sequence[str], max_tokens: int = 300) -> list[list[int]]:
-    """Chat-templated token ids (one user turn plus the generation prompt); prompts longer than
-    max_tokens are dropped so that a few long ones cannot dominate memory and time."""
-    out = []
-    for p in prompts:
-        ids = tokenizer.apply_chat_template([{"role": "user", "content": p}], add_generation_prompt=True,
-                                            tokenize=True, return_dict=False)
+def encode_prompts(tokenizer, prompts: Sequence[str], max_tokens: int = 300, thinking: bool = False,
+                   progress: bool = True) -> list[list[int]]:
+    """Chat-templated token ids (one user turn plus the generation prompt, thinking off unless asked); prompts
+    longer than max_tokens are dropped, with one message saying how many and which, so that a few long ones
+    cannot dominate memory and time."""
+    from .evaluate import chat_ids
+
+    out, dropped = [], []
+    for i, p in enumerate(prompts):
+        ids = chat_ids(tokenizer, p, thinking)
         if len(ids) <= max_tokens:
-            out.append(list(ids))
+            out.append(ids)
+        else:
+            dropped.append(i)
     if not out:
         raise ValueError(f"max_tokens: every prompt is longer than {max_tokens} tokens")
+    if dropped and progress:
+        print(f"dcoco: dropped {len(dropped)} of {len(prompts)} prompts longer than {max_tokens} tokens "
+              f"(--max-prompt-tokens); prompt numbers (from 0): {dropped[:20]}{' ...' if len(dropped) > 20 else ''}")
     return out
 
 

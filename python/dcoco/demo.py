@@ -115,7 +115,8 @@ def train_all(size: Size, work: Path, data: corpus.Corpus, model, tok, device: s
     dcfg = drafter_config(model, tok, LAYERS, SMOLLM2_TAPS, BLOCK, smollm2.MASK_TOKEN_ID)
 
     def cfg(mode, steps):
-        return TrainConfig(mode=mode, steps=steps, device=device, save_every=100, log_every=max(1, steps // 10))
+        return TrainConfig(mode=mode, steps=steps, device=device, save_every=100, log_every=max(1, steps // 10),
+                           save_dtype="float32")  # later stages and the evaluation reload these exactly
 
     out = {"dflash": _stage(work / "dflash", cfg("drafter", size.steps), data, embed, head, dcfg, progress=progress)}
     for name, mode in (("dflash-long", "drafter"), ("dcoco-drafter", "joint")):

@@ -360,9 +360,10 @@ class DFlashDrafter(nn.Module):
     # ---- checkpoint IO (z-lab layout: config.json + model.safetensors, no embed_tokens / lm_head) ----
 
     def save_pretrained(self, path: str | Path, extra_tensors: dict[str, torch.Tensor] | None = None,
-                        config_update: dict | None = None) -> None:
+                        config_update: dict | None = None, dtype: torch.dtype | None = None) -> None:
         """Write config.json and model.safetensors (tensor names = parameter names, no prefix).
-        extra_tensors / config_update: what a layout extending DFlash's adds (names must not collide)."""
+        extra_tensors / config_update: what a layout extending DFlash's adds (names must not collide).
+        dtype: the stored floating-point dtype (default: the weights' own)."""
         from safetensors.torch import save_file
 
         tensors = dict(self.state_dict())
@@ -373,10 +374,12 @@ class DFlashDrafter(nn.Module):
         path = Path(path)
         path.mkdir(parents=True, exist_ok=True)
         cfg = self.config.to_dict()
-        cfg["dtype"] = str(self.fc.weight.dtype).removeprefix("torch.")
+        dtype = dtype or self.fc.weight.dtype
+        cfg["dtype"] = str(dtype).removeprefix("torch.")
         cfg.update(config_update or {})
         (path / "config.json").write_text(json.dumps(cfg, indent=2) + "\n")
-        save_file({k: v.detach().contiguous().cpu() for k, v in tensors.items()},
+        save_file({k: v.detach().to(dtype if v.is_floating_point() else v.dtype).contiguous().cpu()
+                   for k, v in tensors.items()},
                   str(path / "model.safetensors"), metadata={"format": "pt"})
 
     @classmethod
@@ -449,6 +452,12 @@ def dflash_loss(logits: torch.Tensor, labels: torch.Tensor, valid: torch.Tensor,
         raise ValueError(f"labels: valid labels must lie in [0, {V})")
     dt = torch.promote_types(logits.dtype, torch.float32)
     ce = F.cross_entropy(logits.to(dt).reshape(R * B, V), lab.reshape(-1), reduction="none").view(R, B)
-    w = torch.exp(-torch.arange(B, device=logits.device, dtype=dt) / gamma) * valid
+    return decayed_mean(ce, valid, gamma)
+
+
+def decayed_mean(ce: torch.Tensor, valid: torch.Tensor, gamma: float) -> torch.Tensor:
+    """sum w_k valid ce / sum w_k valid over (R,B) per-slot losses, w_k = exp(-(k-1)/gamma): the reduction of
+    dflash_loss, for callers that computed the cross-entropy themselves (training does, in row chunks)."""
+    w = torch.exp(-torch.arange(ce.shape[-1], device=ce.device, dtype=ce.dtype) / gamma) * valid
     z = w.sum()
     return (w * ce).sum() / torch.where(z > 0, z, torch.ones_like(z))

@@ -86,11 +86,17 @@ def load_suites(paths: Sequence[str | Path] | None = None, rows: int = 8) -> dic
     return out
 
 
-def encode(tokenizer, suites: Mapping[str, Sequence[str]]) -> dict[str, list[list[int]]]:
-    """Chat-templated ids (one user turn plus the generation prompt) of every prompt."""
-    return {name: [list(tokenizer.apply_chat_template([{"role": "user", "content": p}], add_generation_prompt=True,
-                                                      tokenize=True, return_dict=False)) for p in prompts]
-            for name, prompts in suites.items()}
+def encode(tokenizer, suites: Mapping[str, Sequence[str]], thinking: bool = False) -> dict[str, list[list[int]]]:
+    """Chat-templated ids (one user turn plus the generation prompt) of every prompt; thinking off by default
+    (enable_thinking, for templates that read it, e.g. Qwen3's: DFlash drafters and `dcoco bench` are
+    non-thinking)."""
+    return {name: [chat_ids(tokenizer, p, thinking) for p in prompts] for name, prompts in suites.items()}
+
+
+def chat_ids(tokenizer, prompt: str, thinking: bool = False) -> list[int]:
+    """One user turn plus the generation prompt, as token ids (templates without enable_thinking ignore it)."""
+    return list(tokenizer.apply_chat_template([{"role": "user", "content": prompt}], add_generation_prompt=True,
+                                              tokenize=True, return_dict=False, enable_thinking=thinking))
 
 
 def _row(spec: dict, base: dict) -> dict:
@@ -220,7 +226,8 @@ def write(res: dict, out: str | Path) -> list[Path]:
 def run(drafter: str, target: str = "smollm2", suites: Sequence[str] | None = None, rows: int = 8,
         max_new_tokens: int = 64, temperature: float = 0.0, top_p: float = 1.0, top_k: int = 0,
         corrector: bool = True, rule: str | None = None, lam: float = 0.75, num_candidates: int | None = None,
-        seed: int = 0, device: str = "cpu", out: str | Path = "dcoco-eval", progress: bool = True) -> dict:
+        seed: int = 0, device: str = "cpu", out: str | Path = "dcoco-eval", progress: bool = True,
+        thinking: bool = False) -> dict:
     """Everything `dcoco eval` does: load the target and the drafter checkpoint (DFlash or DCOCO), evaluate,
     print the table, write under out. rule / num_candidates default to the checkpoint's dcoco_config (greedy /
     16 without one). Exits loudly (stderr) on a greedy losslessness failure; the caller sets the exit code."""
@@ -230,16 +237,16 @@ def run(drafter: str, target: str = "smollm2", suites: Sequence[str] | None = No
     texts = load_suites(suites, rows)  # before the slow loads: a bad path fails at once
     tok, model = load_target(target)
     model.to(device)
-    d, c = checkpoint.load(drafter, device=device)
+    d, c = checkpoint.load(drafter, dtype=next(model.parameters()).dtype, device=device)  # the target's dtype
     dc = json.loads((Path(drafter) / "config.json").read_text()).get("dcoco_config") or {}
     engine = Engine(model, d.eval(), c.eval() if corrector and c is not None else None,
                     rule=rule or dc.get("selection", "greedy"), lam=lam,
                     num_candidates=num_candidates or dc.get("num_candidates", 16))
-    res = evaluate(model, engine, encode(tok, texts), max_new_tokens, temperature, top_p, top_k, seed, progress)
+    res = evaluate(model, engine, encode(tok, texts, thinking), max_new_tokens, temperature, top_p, top_k, seed, progress)
     res["config"] = {"drafter": str(drafter), "target": target, "corrector": engine.corrector is not None,
                      "rule": engine.rule, "lam": lam, "num_candidates": engine.K, "rows": rows,
                      "max_new_tokens": max_new_tokens, "temperature": temperature, "top_p": top_p, "top_k": top_k,
-                     "seed": seed, "device": device}
+                     "seed": seed, "device": device, "thinking": thinking}
     print(table(res))
     paths = write(res, out)
     print(f"wrote {', '.join(map(str, paths))}")

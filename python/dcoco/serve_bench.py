@@ -185,46 +185,58 @@ async def scrape(client, base: str) -> dict | None:
     return counters(r.text) if r.status_code == 200 else None
 
 
+async def chat(client, base: str, body: dict, messages: list[dict]) -> dict:
+    """One chat-completions request: {status: ok, tokens, latency, finish, content, token_ids and prompt_token_ids
+    (None unless the server returns them, e.g. vLLM with return_token_ids)} or {status: error, error, http_status
+    (when it answered)}."""
+    import httpx
+
+    t0 = time.perf_counter()
+    try:
+        r = await client.post(f"{base}/v1/chat/completions", json={**body, "messages": messages})
+    except httpx.TimeoutException:
+        return {"status": "error", "error": f"no answer within --timeout ({client.timeout.read} s)"}
+    except httpx.HTTPError as e:  # refused, dropped mid-response, ...
+        return {"status": "error", "error": f"{type(e).__name__}: {e}"}
+    lat = time.perf_counter() - t0
+    if r.status_code != 200:
+        return {"status": "error", "http_status": r.status_code, "error": f"HTTP {r.status_code}: {r.text[:500]}"}
+    try:
+        data = r.json()
+        choice, tokens = data["choices"][0], int(data["usage"]["completion_tokens"])
+        content = choice["message"].get("content") or ""
+    except (ValueError, KeyError, IndexError, TypeError, AttributeError) as e:
+        return {"status": "error", "http_status": r.status_code,
+                "error": f"malformed response ({type(e).__name__}: {e}): {r.text[:300]}"}
+    return {"status": "ok", "tokens": tokens, "latency": lat, "finish": choice.get("finish_reason"),
+            "content": content, "token_ids": choice.get("token_ids"), "prompt_token_ids": data.get("prompt_token_ids")}
+
+
 async def converse(client, base: str, body: dict, turns: Sequence[str]) -> dict:
     """One conversation: the user turns in order, each model answer kept in the context of the next. A record
     {status: ok | error, turns: [{tokens, latency, finish}], tokens, latency, tps} or, on the first failure,
     {status: error, error, http_status (when the server answered), turns done before it}."""
-    import httpx
-
     messages: list[dict] = []
     done: list[dict] = []
     for text in turns:
         messages.append({"role": "user", "content": text})
-        t0 = time.perf_counter()
-        try:
-            r = await client.post(f"{base}/v1/chat/completions", json={**body, "messages": messages})
-        except httpx.TimeoutException:
-            return {"status": "error", "turns": done, "error": f"no answer within --timeout ({client.timeout.read} s)"}
-        except httpx.HTTPError as e:  # refused, dropped mid-response, ...
-            return {"status": "error", "turns": done, "error": f"{type(e).__name__}: {e}"}
-        lat = time.perf_counter() - t0
-        if r.status_code != 200:
-            return {"status": "error", "http_status": r.status_code, "turns": done,
-                    "error": f"HTTP {r.status_code}: {r.text[:500]}"}
-        try:
-            data = r.json()
-            choice, tokens = data["choices"][0], int(data["usage"]["completion_tokens"])
-            answer = choice["message"].get("content") or ""
-        except (ValueError, KeyError, IndexError, TypeError, AttributeError) as e:
-            return {"status": "error", "http_status": r.status_code, "turns": done,
-                    "error": f"malformed response ({type(e).__name__}: {e}): {r.text[:300]}"}
-        messages.append({"role": "assistant", "content": answer})
-        done.append({"tokens": tokens, "latency": lat, "finish": choice.get("finish_reason")})
+        r = await chat(client, base, body, messages)
+        if r["status"] != "ok":
+            return {**r, "turns": done}
+        messages.append({"role": "assistant", "content": r["content"]})
+        done.append({k: r[k] for k in ("tokens", "latency", "finish")})
     tokens, latency = sum(t["tokens"] for t in done), sum(t["latency"] for t in done)
     return {"status": "ok", "turns": done, "tokens": tokens, "latency": latency, "tps": tokens / latency}
 
 
-def _append(path: Path, rec: dict) -> None:
+def append_record(path: Path, rec: dict) -> None:
+    """Appends rec to the JSONL file at path (one line, so a kill can cut only the last record)."""
     with path.open("a", encoding="utf-8") as f:
         f.write(json.dumps(rec) + "\n")
 
 
-def _lines(path: Path) -> list[dict]:
+def read_records(path: Path) -> list[dict]:
+    """The records of a JSONL file written by append_record ([] when there is none)."""
     if not path.is_file():
         return []
     # a line cut by a kill mid-write is dropped: its request is simply redone
@@ -340,7 +352,7 @@ async def _bench(base: str, model: str, out: Path, config: dict, texts: dict[str
     import httpx
     from tqdm.auto import tqdm
 
-    records, batches = _lines(out / "requests.jsonl"), _lines(out / "batches.jsonl")  # read once, then kept
+    records, batches = read_records(out / "requests.jsonl"), read_records(out / "batches.jsonl")  # read once, then kept
     limits = httpx.Limits(max_connections=max(config["concurrency"]))
     failed = 0
     async with httpx.AsyncClient(timeout=httpx.Timeout(timeout, connect=min(timeout, 30.0)), limits=limits) as client:
@@ -364,7 +376,7 @@ async def _bench(base: str, model: str, out: Path, config: dict, texts: dict[str
                     rec = await converse(client, base, body, texts[suite][i]["turns"])
                 rec = {"key": key(suite, i, seed, c), "suite": suite, "row": i, "seed": seed, "concurrency": c,
                        "start": t, **rec}
-                _append(out / "requests.jsonl", rec)
+                append_record(out / "requests.jsonl", rec)
                 records.append(rec)
                 bar.update()
                 return rec
@@ -379,7 +391,7 @@ async def _bench(base: str, model: str, out: Path, config: dict, texts: dict[str
             batches.append({"suite": suite, "seed": seed, "concurrency": c, "n": len(rows), "rows": rows, "failed": bad,
                             "wall": wall, "counters": delta(before, after),
                             "tokens": sum(r["tokens"] for r in recs if r["status"] == "ok")})
-            _append(out / "batches.jsonl", batches[-1])
+            append_record(out / "batches.jsonl", batches[-1])
             if failed:
                 bar.set_description(f"bench ({failed} failed)")
             _save(out, config, records, batches)
@@ -461,7 +473,7 @@ def run(endpoint: str, model: str, out: str | Path, suites: Sequence[str | Path]
     for note in notes:
         print(f"dcoco bench: {note}", file=sys.stderr)
     sent, failed = asyncio.run(_bench(base, model, out, config, texts, timeout, progress))
-    res = _save(out, config, _lines(out / "requests.jsonl"), _lines(out / "batches.jsonl"))
+    res = _save(out, config, read_records(out / "requests.jsonl"), read_records(out / "batches.jsonl"))
     print(report.run_table(res))
     paths = report.write_run(res, out)
     print(f"wrote {', '.join(map(str, [out / 'requests.jsonl', *paths]))}")

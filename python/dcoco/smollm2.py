@@ -22,6 +22,14 @@ def gguf_path() -> Path:
     return path
 
 
+def tokenizer():
+    """The embedded target's tokenizer alone (no weights loaded)."""
+    from transformers import AutoTokenizer
+
+    path = gguf_path()
+    return AutoTokenizer.from_pretrained(path.parent, gguf_file=path.name)
+
+
 def load():
     """(tokenizer, model) of SmolLM2-135M-Instruct, offline, dequantised to float32."""
     os.environ.setdefault("HF_HUB_OFFLINE", "1")

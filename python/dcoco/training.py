@@ -4,7 +4,9 @@ writes; resumable; deterministic given the seed."""
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+import datetime
 import json
 import math
 import os
@@ -20,15 +22,18 @@ from tqdm import tqdm
 from . import checkpoint
 from .corpus import Corpus
 from .corrector import Corrector
-from .dflash import DFlashConfig, DFlashDrafter, dflash_loss
+from .dflash import DFlashConfig, DFlashDrafter, decayed_mean
+from .head import topk_ce
 from .loss import correction_loss
 from .select import select
 
 MODES = ("drafter", "corrector", "joint")
 STATE = "train_state.pt"
-# what a resumed run must share with the saved one, or the trajectory would silently change
-RESUME_KEYS = ("mode", "seed", "seqs_per_step", "anchors", "lr", "warmup", "clip", "gamma", "rho", "num_candidates",
+# what a resumed run must share with the saved one, or the trajectory would silently change (the global batch,
+# seqs_per_step x world size, is checked too: the world size itself may change)
+RESUME_KEYS = ("mode", "seed", "anchors", "grad_accum", "eval_sequences", "lr", "warmup", "clip", "gamma", "rho", "num_candidates",
                "width", "mlp_hidden")
+SAVE_DTYPES = ("bfloat16", "float16", "float32")
 
 
 def corrector_scores(corrector: Corrector, hidden: torch.Tensor, cand_ids: torch.Tensor, cand_logits: torch.Tensor,
@@ -46,7 +51,8 @@ class TrainConfig:
     steps: int | None = None        # schedule length; default epochs x steps per epoch
     stop_at: int | None = None      # stop (resumably) after this global step; the schedule is unchanged
     max_time: float | None = None   # stop (resumably) after this many seconds of this session
-    seqs_per_step: int = 2          # sequences per step per rank
+    seqs_per_step: int = 2          # sequences per micro-batch per rank
+    grad_accum: int = 1             # micro-batches per optimizer step
     anchors: int | None = None      # anchors per sequence, at most; None: 512 on CUDA, 32 on a CPU (minutes per epoch)
     lr: float = 6e-4
     warmup: float = 0.04
@@ -56,21 +62,32 @@ class TrainConfig:
     num_candidates: int = 16
     width: int = 128
     mlp_hidden: int = 256
+    logit_chunk: int | None = None  # rows per LM-head chunk (head.py); None: 256 MB of float32 logits
+    save_dtype: str = "bfloat16"    # the serving checkpoint's dtype (train_state.pt keeps float32)
+    dist_timeout: float = 120.0     # minutes a collective may wait (torchrun), e.g. for a long save or eval
     seed: int = 0
     save_every: int = 200
     log_every: int = 10
+    eval_sequences: int = 0         # corpus sequences held out of training; teacher-forced tau on them is logged
+    eval_every: int | None = None   # steps between held-out evaluations (default: save_every)
     resume: bool = False
     device: str = "auto"            # auto: cuda:LOCAL_RANK when CUDA is available, else cpu
 
     def __post_init__(self):
         if self.mode not in MODES:
             raise ValueError(f"mode: expected one of {MODES}, got {self.mode!r}")
-        for f in ("epochs", "seqs_per_step", "num_candidates", "width", "mlp_hidden", "save_every", "log_every"):
+        for f in ("epochs", "seqs_per_step", "grad_accum", "num_candidates", "width", "mlp_hidden", "save_every",
+                  "log_every"):
             _positive_int(f, getattr(self, f))
-        for f in ("steps", "stop_at", "anchors"):
+        for f in ("steps", "stop_at", "anchors", "logit_chunk", "eval_every"):
             if getattr(self, f) is not None:
                 _positive_int(f, getattr(self, f))
-        for f, lo in (("lr", 0.0), ("clip", 0.0), ("gamma", 0.0), ("rho", 0.0), ("max_time", 0.0)):
+        if isinstance(self.eval_sequences, bool) or not isinstance(self.eval_sequences, int) or self.eval_sequences < 0:
+            raise ValueError(f"eval_sequences: expected an integer >= 0, got {self.eval_sequences!r}")
+        if self.save_dtype not in SAVE_DTYPES:
+            raise ValueError(f"save_dtype: expected one of {SAVE_DTYPES}, got {self.save_dtype!r}")
+        for f, lo in (("lr", 0.0), ("clip", 0.0), ("gamma", 0.0), ("rho", 0.0), ("max_time", 0.0),
+                      ("dist_timeout", 0.0)):
             v = getattr(self, f)
             if v is not None and not (isinstance(v, (int, float)) and math.isfinite(v) and v > lo):
                 raise ValueError(f"{f}: expected a finite number > {lo}, got {v!r}")
@@ -118,27 +135,44 @@ def _gen(*key: int) -> torch.Generator:
 
 
 class Schedule:
-    """Which sequences and anchors every (rank, step) sees: a function of (seed, epoch, position) only, so a
-    resumed run sees exactly what an uninterrupted one would."""
+    """Which sequences and anchors every (rank, micro-batch) sees: micro-batch k of an epoch is the k-th slice of
+    seqs_per_step x world sequences of that epoch's permutation, dealt to the ranks round-robin; anchors depend on
+    (seed, epoch, sequence). A function of the seed and the global batch only, so a resumed run sees exactly what
+    an uninterrupted one would, on any world size with the same global batch."""
 
-    def __init__(self, corpus: Corpus, seed: int, seqs_per_step: int, anchors: int, rank: int, world: int):
+    def __init__(self, corpus: Corpus, seed: int, seqs_per_step: int, anchors: int, rank: int, world: int,
+                 held_out: int = 0):
         self.corpus, self.seed, self.n, self.anchors, self.rank, self.world = \
             corpus, seed, seqs_per_step, anchors, rank, world
-        self.usable = [i for i in range(len(corpus)) if len(anchor_positions(corpus[i]["response"]))]
-        self.per_rank = len(self.usable) // world
-        self.steps_per_epoch = self.per_rank // seqs_per_step
+        usable = [i for i in range(len(corpus)) if len(anchor_positions(corpus[i]["response"]))]
+        if held_out >= len(usable):
+            raise ValueError(f"eval_sequences: {held_out} held out of {len(usable)} usable sequences leaves none to "
+                             f"train on")
+        pick = set(torch.randperm(len(usable), generator=_gen(seed, -2))[:held_out].tolist())
+        self.held_out = [u for j, u in enumerate(usable) if j in pick]  # a function of the seed only
+        self.usable = [u for j, u in enumerate(usable) if j not in pick]
+        self.steps_per_epoch = len(self.usable) // (seqs_per_step * world)
         if self.steps_per_epoch < 1:
             raise ValueError(f"corpus: {len(self.usable)} usable sequences are too few for {world} rank(s) x "
                              f"{seqs_per_step} sequences per step")
 
     def batch(self, step: int) -> dict[str, torch.Tensor]:
         epoch, k = divmod(step, self.steps_per_epoch)
-        order = torch.randperm(len(self.usable), generator=_gen(self.seed, epoch, -1))[: self.per_rank * self.world]
-        mine = order[self.rank:: self.world][k * self.n:(k + 1) * self.n].tolist()
+        order = torch.randperm(len(self.usable), generator=_gen(self.seed, epoch, -1))
+        g = self.n * self.world
+        mine = order[k * g:(k + 1) * g][self.rank:: self.world].tolist()
         seqs = [self.corpus[self.usable[j]] for j in mine]
         anchors = [sample_anchors(s["response"], self.anchors, _gen(self.seed, epoch, self.usable[j]))
                    for s, j in zip(seqs, mine)]
         return collate(seqs, anchors)
+
+    def eval_batches(self):
+        """This rank's share of the held-out sequences, seqs_per_step at a time, with fixed anchors."""
+        mine = self.held_out[self.rank:: self.world]
+        for k in range(0, len(mine), self.n):
+            seqs = [self.corpus[j] for j in mine[k:k + self.n]]
+            yield collate(seqs, [sample_anchors(s["response"], self.anchors, _gen(self.seed, -3, j))
+                                 for s, j in zip(seqs, mine[k:k + self.n])])
 
 
 # ---- the objective ----
@@ -165,18 +199,16 @@ class Objective(nn.Module):
 
         with torch.set_grad_enabled(torch.is_grad_enabled() and mode != "corrector"):
             h = self.drafter(ids, batch["hidden"], anchors, embed)[:, :, 1:].reshape(N * A, bs - 1, -1)
-            logits = DFlashDrafter.compute_logits(h, head)
-            top = logits.topk(cfg.num_candidates, dim=-1)
+            labels = torch.where(valid, target, torch.zeros_like(target)) if mode != "corrector" else None
+            ce, values, cand_ids = topk_ce(h, head, labels, cfg.num_candidates, cfg.logit_chunk)  # row chunks
         zero = torch.zeros((), device=ids.device)
-        out = {"dflash": dflash_loss(logits, target, valid, cfg.gamma) if mode != "corrector" else zero,
-               "corr": zero}
-        cand_ids = top.indices
+        out = {"dflash": decayed_mean(ce, valid, cfg.gamma) if ce is not None else zero, "corr": zero}
         out["tau_dflash"] = _tau(cand_ids[..., 0], target, valid, real)
         if self.corrector is not None:
             with torch.set_grad_enabled(torch.is_grad_enabled() and mode != "drafter"):
-                scores = corrector_scores(self.corrector, h, cand_ids, top.values, embed)
+                scores = corrector_scores(self.corrector, h, cand_ids, values, embed)
                 out["corr"] = correction_loss(scores, cand_ids, target, valid, cfg.rho)
-            ranks = select(scores.detach().float(), top.values[:, 0].detach().float(), "greedy")
+            ranks = select(scores.detach().float(), values[:, 0].detach().float(), "greedy")
             out["tau_dcoco"] = _tau(cand_ids.gather(2, ranks[..., None])[..., 0], target, valid, real)
         out["loss"] = {"drafter": out["dflash"], "corrector": out["corr"], "joint": out["dflash"] + out["corr"]}[mode]
         out["blocks"] = real.sum()
@@ -199,13 +231,15 @@ class TrainResult:
     history: list[dict]   # one record per step of this session: losses, tau, lr (global over ranks)
 
 
-def init_distributed() -> tuple[int, int]:
-    """(rank, world): joins the torchrun group when WORLD_SIZE > 1 (nccl on GPU, gloo on CPU)."""
+def init_distributed(timeout_minutes: float = TrainConfig.dist_timeout) -> tuple[int, int]:
+    """(rank, world): joins the torchrun group when WORLD_SIZE > 1 (nccl on GPU, gloo on CPU), with collectives
+    allowed to wait timeout_minutes (NCCL's own default, 10 minutes, aborts ranks waiting on a long step)."""
     world = int(os.environ.get("WORLD_SIZE", "1"))
     if world > 1 and not dist.is_initialized():
         if torch.cuda.is_available():
             torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))  # nccl binds each rank to its GPU
-        dist.init_process_group("nccl" if torch.cuda.is_available() else "gloo")
+        dist.init_process_group("nccl" if torch.cuda.is_available() else "gloo",
+                                timeout=datetime.timedelta(minutes=timeout_minutes))
     return (dist.get_rank(), dist.get_world_size()) if dist.is_initialized() else (0, 1)
 
 
@@ -220,8 +254,8 @@ def resolve_device(name: str) -> torch.device:
 def train(cfg: TrainConfig, corpus: Corpus, embed: torch.Tensor, head: torch.Tensor,
           drafter: DFlashDrafter | DFlashConfig, corrector: Corrector | None = None,
           progress: bool = True) -> TrainResult:
-    """Train per cfg.mode; writes cfg.out/{config.json, model.safetensors} (checkpoint.save), train_state.pt
-    and log.jsonl (rank 0 only). embed/head: the target's frozen (V,d) embedding and LM-head weights.
+    """Train per cfg.mode; writes cfg.out/{config.json, model.safetensors} (checkpoint.save), train_state.pt,
+    log.jsonl and, with held-out sequences, eval.jsonl (rank 0 only). embed/head: the target's frozen (V,d) embedding and LM-head weights.
     drafter: a DFlashDrafter (e.g. checkpoint.load) or a DFlashConfig for a fresh one (seeded). corrector:
     trained in corrector/joint modes (fresh and seeded when None), kept frozen in drafter mode."""
     if not isinstance(cfg, TrainConfig):
@@ -230,7 +264,7 @@ def train(cfg: TrainConfig, corpus: Corpus, embed: torch.Tensor, head: torch.Ten
         raise TypeError(f"corpus: expected a dcoco.corpus.Corpus, got {type(corpus).__name__}")
     if cfg.mode == "corrector" and not isinstance(drafter, DFlashDrafter):
         raise ValueError("drafter: corrector mode trains on a frozen, trained drafter; pass a DFlashDrafter")
-    rank, world = init_distributed()
+    rank, world = init_distributed(cfg.dist_timeout)
     dev = resolve_device(cfg.device)
     torch.manual_seed(cfg.seed)
     if isinstance(drafter, DFlashConfig):
@@ -263,8 +297,12 @@ def train(cfg: TrainConfig, corpus: Corpus, embed: torch.Tensor, head: torch.Ten
     embed, head = embed.detach().float().to(dev), head.detach().float().to(dev)
 
     anchors = cfg.anchors or (512 if dev.type == "cuda" else 32)
-    sched = Schedule(corpus, cfg.seed, cfg.seqs_per_step, anchors, rank, world)
-    total = cfg.steps or cfg.epochs * sched.steps_per_epoch
+    sched = Schedule(corpus, cfg.seed, cfg.seqs_per_step, anchors, rank, world, cfg.eval_sequences)
+    accum = cfg.grad_accum
+    total = cfg.steps or cfg.epochs * sched.steps_per_epoch // accum
+    if total < 1:
+        raise ValueError(f"grad_accum: {accum} micro-batches per step leave no step in {cfg.epochs} epoch(s) of "
+                         f"{sched.steps_per_epoch} micro-batches")
     objective = Objective(drafter, corrector, cfg)
     params = [p for p in objective.parameters() if p.requires_grad]
     opt = torch.optim.AdamW(params, lr=cfg.lr, weight_decay=0.0)
@@ -281,11 +319,17 @@ def train(cfg: TrainConfig, corpus: Corpus, embed: torch.Tensor, head: torch.Ten
     history, t0, step, end = [], time.monotonic(), start, min(total, cfg.stop_at or total)
     bar = tqdm(total=total, initial=start, desc=f"train {cfg.mode}", disable=rank != 0 or not progress)
     while step < end:
-        batch = {k: v.to(dev, non_blocking=True) for k, v in sched.batch(step).items()}
-        with torch.autocast("cuda", torch.bfloat16, enabled=dev.type == "cuda"):
-            res = model(batch, embed, head)
         opt.zero_grad(set_to_none=True)
-        res["loss"].backward()
+        parts = []
+        for m in range(accum):  # gradients summed over micro-batches; DDP all-reduces after the last only
+            batch = {k: v.to(dev, non_blocking=True) for k, v in sched.batch(step * accum + m).items()}
+            with model.no_sync() if world > 1 and m < accum - 1 else contextlib.nullcontext():
+                with torch.autocast("cuda", torch.bfloat16, enabled=dev.type == "cuda"):
+                    res = model(batch, embed, head)
+                (res["loss"] / accum).backward()
+            parts.append({k: v.detach() for k, v in res.items()})
+        res = {k: sum(p[k] for p in parts) for k in parts[0]}  # losses summed over micro-batches, tau and blocks too
+        res.update({k: res[k] / accum for k in ("loss", "dflash", "corr")})
         torch.nn.utils.clip_grad_norm_(params, cfg.clip)
         lr = opt.param_groups[0]["lr"]
         opt.step()
@@ -296,6 +340,11 @@ def train(cfg: TrainConfig, corpus: Corpus, embed: torch.Tensor, head: torch.Ten
         history.append(rec)
         if rank == 0:
             _log(out, rec, bar, history, cfg.log_every)
+        if cfg.eval_sequences and (step % (cfg.eval_every or cfg.save_every) == 0 or step == end or stop):
+            ev = _evaluate(objective, sched, embed, head, step, world, dev)
+            if rank == 0:
+                _log_eval(out, ev, bar)
+        if rank == 0:
             if step % cfg.save_every == 0 or step == end or stop:
                 _save(out, cfg, step, total, world, objective, opt, lr_sched)
         if stop:
@@ -319,6 +368,37 @@ def _record(res: dict, step: int, lr: float, stop: bool, world: int, dev: torch.
     return rec
 
 
+@torch.no_grad()
+def _evaluate(objective: Objective, sched: Schedule, embed, head, step: int, world: int, dev: torch.device) -> dict:
+    """Teacher-forced tau and losses on the held-out sequences (every rank its share, summed over ranks)."""
+    was = objective.training
+    objective.eval()
+    v = torch.zeros(5, device=dev)  # loss x blocks, dflash x blocks, tau_dflash, tau_dcoco, blocks
+    for b in sched.eval_batches():
+        with torch.autocast("cuda", torch.bfloat16, enabled=dev.type == "cuda"):
+            res = objective({k: t.to(dev) for k, t in b.items()}, embed, head)
+        n = res["blocks"].float()
+        v += torch.stack([res["loss"].float() * n, res["dflash"].float() * n, res["tau_dflash"],
+                          res.get("tau_dcoco", torch.zeros((), device=dev)), n])
+    objective.train(was)
+    if world > 1:
+        dist.all_reduce(v)
+    loss, dflash, td, tc, n = v.tolist()
+    ev = {"step": step, "eval_loss": loss / max(n, 1), "eval_dflash": dflash / max(n, 1),
+          "eval_tau_dflash": td / max(n, 1), "eval_blocks": int(n)}
+    if objective.corrector is not None:
+        ev["eval_tau_dcoco"] = tc / max(n, 1)
+    return ev
+
+
+def _log_eval(out: Path, ev: dict, bar: tqdm) -> None:
+    out.mkdir(parents=True, exist_ok=True)
+    with open(out / "eval.jsonl", "a") as f:
+        f.write(json.dumps(ev) + "\n")
+    bar.write(f"step {ev['step']} held-out: " + " ".join(f"{k[5:]} {v:.4f}" for k, v in ev.items()
+                                                         if k.startswith("eval_") and k != "eval_blocks"))
+
+
 def _log(out: Path, rec: dict, bar: tqdm, history: list[dict], every: int) -> None:
     out.mkdir(parents=True, exist_ok=True)
     with open(out / "log.jsonl", "a") as f:
@@ -335,7 +415,7 @@ def _save(out: Path, cfg: TrainConfig, step: int, total: int, world: int, object
           opt: torch.optim.Optimizer, lr_sched) -> None:
     """The serving checkpoint and the training state, each written whole before it replaces the old one."""
     tmp = out / f".tmp{step}"
-    checkpoint.save(tmp, objective.drafter, objective.corrector)
+    checkpoint.save(tmp, objective.drafter, objective.corrector, dtype=getattr(torch, cfg.save_dtype))
     for f in ("config.json", "model.safetensors"):
         os.replace(tmp / f, out / f)
     state = {"step": step, "total": total, "world": world, "config": dataclasses.asdict(cfg),
@@ -349,16 +429,28 @@ def _save(out: Path, cfg: TrainConfig, step: int, total: int, world: int, object
     tmp.rmdir()
 
 
+def saved_progress(out: str | Path) -> tuple[int, int] | None:
+    """(step, total) of the training state saved in out, or None when there is none."""
+    path = Path(out) / STATE
+    if not path.is_file():
+        return None
+    state = torch.load(path, map_location="cpu", weights_only=False, mmap=True)  # mmap: weights are not read
+    return state["step"], state["total"]
+
+
 def _resume(out: Path, cfg: TrainConfig, total: int, world: int, objective: Objective, opt, lr_sched) -> int:
     if not (out / STATE).is_file():
         raise ValueError(f"resume: no {STATE} in {out}")
     state = torch.load(out / STATE, map_location="cpu", weights_only=False)
-    saved = state["config"]
+    saved = {**dataclasses.asdict(TrainConfig()), **state["config"]}  # keys added since the save take defaults
     diff = [f"{k} ({saved[k]!r} saved, {getattr(cfg, k)!r} now)" for k in RESUME_KEYS if saved[k] != getattr(cfg, k)]
     if state["total"] != total:
         diff.append(f"schedule length ({state['total']} saved, {total} now)")
-    if state["world"] != world:
-        diff.append(f"world size ({state['world']} saved, {world} now)")
+    saved_batch = saved["seqs_per_step"] * state["world"]
+    if saved_batch != cfg.seqs_per_step * world:
+        diff.append(f"global batch (seqs_per_step x world size: {saved['seqs_per_step']} x {state['world']} saved, "
+                    f"{cfg.seqs_per_step} x {world} now; on {world} rank(s) pass seqs_per_step = "
+                    f"{saved_batch / world:g})")
     if (state["corrector"] is None) != (objective.corrector is None):
         diff.append("corrector (present in one run only)")
     if diff:

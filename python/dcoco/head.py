@@ -1,0 +1,61 @@
+"""The drafter's pass through the target's frozen LM head during training, in row chunks: per-slot cross-entropy
+and the top-K candidates, without ever holding a full (rows, V) logits tensor (nor its float32 copy).
+
+With gradients on and more than one chunk, each chunk runs under activation checkpointing, so backward recomputes
+that chunk's logits instead of keeping them all: peak memory is one chunk's logits, at the price of one more head
+matmul in backward. When everything fits in one chunk nothing is recomputed (what small CPU runs do)."""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch.utils.checkpoint import checkpoint
+
+CHUNK_BYTES = 256 * 2 ** 20  # float32 logits per chunk when the caller does not say
+
+
+def chunk_rows(vocab_size: int, rows: int | None = None) -> int:
+    """Rows per chunk: `rows` when given, else as many as CHUNK_BYTES of float32 logits hold (at least 1)."""
+    if rows is not None:
+        if isinstance(rows, bool) or not isinstance(rows, int) or rows < 1:
+            raise ValueError(f"rows: expected an integer >= 1, got {rows!r}")
+        return rows
+    return max(1, CHUNK_BYTES // (4 * vocab_size))
+
+
+def _part(x: torch.Tensor, head: torch.Tensor, labels: torch.Tensor | None, k: int):
+    logits = F.linear(x, head.to(x.dtype))  # (n,V) in the autocast / hidden dtype
+    top = logits.topk(k, dim=-1)
+    ce = F.cross_entropy(logits.float(), labels, reduction="none") if labels is not None else None
+    return ce, top.values, top.indices
+
+
+def topk_ce(hidden: torch.Tensor, head: torch.Tensor, labels: torch.Tensor | None, k: int,
+            rows: int | None = None) -> tuple[torch.Tensor | None, torch.Tensor, torch.Tensor]:
+    """(ce, values, ids) for hidden (...,d) through head (V,d): ce (...) float32 cross-entropy against labels (...)
+    (None when labels is None), values / ids (...,k) the top-k logits (logits dtype, differentiable) and their
+    token ids, rank 0 = argmax. rows: rows per chunk (default: chunk_rows). Labels must lie in [0, V)."""
+    V, d = head.shape
+    if hidden.shape[-1] != d:
+        raise ValueError(f"hidden: expected last dimension {d} (the head's), got {tuple(hidden.shape)}")
+    if not 1 <= k <= V:
+        raise ValueError(f"k: expected 1..{V}, got {k}")
+    lead = hidden.shape[:-1]
+    x = hidden.reshape(-1, d).contiguous()
+    lab = None
+    if labels is not None:
+        if labels.shape != lead:
+            raise ValueError(f"labels: expected shape {tuple(lead)} to match hidden, got {tuple(labels.shape)}")
+        lab = labels.reshape(-1).long()
+        if lab.numel() and bool(((lab < 0) | (lab >= V)).any()):
+            raise ValueError(f"labels: must lie in [0, {V})")
+    n, step = x.shape[0], chunk_rows(V, rows)
+    recompute = torch.is_grad_enabled() and x.requires_grad and n > step
+    parts = []
+    for i in range(0, max(n, 1), step):
+        args = (x[i:i + step], head, None if lab is None else lab[i:i + step], k)
+        parts.append(checkpoint(_part, *args, use_reentrant=False) if recompute else _part(*args))
+    ce = torch.cat([p[0] for p in parts]).view(lead) if lab is not None else None
+    values = torch.cat([p[1] for p in parts]).view(*lead, k)
+    ids = torch.cat([p[2] for p in parts]).view(*lead, k)
+    return ce, values, ids

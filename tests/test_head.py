@@ -1,0 +1,77 @@
+"""The chunked LM-head pass of training (dcoco.head): cross-entropy, top-K and gradients equal the full-logits
+computation for any chunk size, and with several chunks no (rows, V) tensor is kept for backward."""
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from dcoco.dflash import decayed_mean, dflash_loss
+from dcoco.head import chunk_rows, topk_ce
+
+
+def _inputs(dtype, R=5, B=7, d=32, V=300, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    h = torch.randn(R, B, d, generator=g).to(dtype).requires_grad_()
+    W = torch.randn(V, d, generator=g).to(dtype)
+    labels = torch.randint(0, V, (R, B), generator=g)
+    valid = torch.rand(R, B, generator=g) > 0.3
+    return h, W, labels, valid
+
+
+def _objective(ce, values, valid):  # the DFlash loss plus something that reads the top-K values (as L_corr does)
+    return decayed_mean(ce, valid, 7.0) + values.float().square().mean()
+
+
+@pytest.mark.parametrize("dtype,tol", [(torch.float32, 1e-5), (torch.bfloat16, 2e-2)])
+@pytest.mark.parametrize("rows", [None, 1, 4, 7, 35, 1000])
+def test_chunks_equal_the_full_logits(dtype, tol, rows):
+    h, W, labels, valid = _inputs(dtype)
+    ce, values, ids = topk_ce(h, W, labels, 16, rows)
+    g, = torch.autograd.grad(_objective(ce, values, valid), h)
+    logits = F.linear(h, W)
+    top = logits.topk(16, dim=-1)
+    ref = dflash_loss(logits, labels, valid, 7.0) + top.values.float().square().mean()
+    g_ref, = torch.autograd.grad(ref, h)
+    assert ce.dtype == torch.float32 and values.dtype == dtype and ids.shape == (5, 7, 16)
+    torch.testing.assert_close(_objective(ce, values, valid), ref, rtol=tol, atol=tol)
+    torch.testing.assert_close(values, top.values, rtol=tol, atol=tol)
+    if dtype == torch.float32:  # bf16 matmuls blocked differently may swap near-ties
+        assert torch.equal(ids, top.indices)
+    torch.testing.assert_close(g.float(), g_ref.float(), rtol=tol, atol=tol)
+
+
+def test_several_chunks_keep_no_full_logits_for_backward():
+    h, W, labels, valid = _inputs(torch.float32, R=8, B=7, V=1000)
+    saved = []
+
+    def pack(t):
+        saved.append(t.numel())
+        return t
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        ce, values, _ = topk_ce(h, W, labels, 16, rows=8)
+    _objective(ce, values, valid).backward()
+    rows, V = 8 * 7, 1000
+    assert saved and max(saved) < rows * V  # the head (V,d) and per-chunk tensors, never the (rows,V) logits
+    saved.clear()
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        topk_ce(h, W, labels, 16, rows=rows)  # one chunk: logits kept, nothing recomputed
+    assert rows * V in saved
+
+
+def test_no_grad_labels_none_and_bad_arguments():
+    h, W, labels, _ = _inputs(torch.float32)
+    with torch.no_grad():
+        ce, values, ids = topk_ce(h, W, None, 3, rows=2)
+    assert ce is None and values.shape == ids.shape == (5, 7, 3)
+    assert chunk_rows(151936) == 441 and chunk_rows(10, 3) == 3
+    with pytest.raises(ValueError, match="rows"):
+        chunk_rows(10, 0)
+    with pytest.raises(ValueError, match="hidden"):
+        topk_ce(h[..., :5], W, labels, 3)
+    with pytest.raises(ValueError, match="labels"):
+        topk_ce(h, W, labels + 1000, 3)
+    with pytest.raises(ValueError, match="labels"):
+        topk_ce(h, W, labels[:2], 3)
+    with pytest.raises(ValueError, match="k"):
+        topk_ce(h, W, labels, 0)
