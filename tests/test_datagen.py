@@ -47,7 +47,8 @@ def test_every_shape_in_context_with_server_ids(target_dir, chats, tmp_path, cap
     assert _gen(stub, target_dir, chats, tmp_path / "out") == 0
     err = capsys.readouterr()
     assert "mixed row 4: turn 1's prompt has" in err.err + err.out and "dropped" in err.err + err.out
-    recs = {r["row"]: r for r in map(json.loads, (tmp_path / "out" / "shard-00000-of-00001.jsonl").read_text().splitlines())}
+    lines = (tmp_path / "out" / "shard-00000-of-00001.jsonl").read_text().splitlines()
+    recs = {r["row"]: r for r in map(json.loads, lines)}
     assert sorted(recs) == [0, 1, 2, 3, 4] and [len(recs[i]["samples"]) for i in range(5)] == [2, 2, 1, 1, 0]
     tok = AutoTokenizer.from_pretrained(target_dir)
     bodies = [e["body"] for e in stub.log]

@@ -313,7 +313,8 @@ def train_options(args: argparse.Namespace) -> tuple:
                       mlp_hidden=args.mlp_hidden, seed=args.seed, save_every=args.save_every,
                       log_every=args.log_every, eval_sequences=args.eval_sequences, eval_every=args.eval_every,
                       resume=args.resume, device=args.device)
-    kw = dict(target=args.target, prompts=args.prompts, data=args.data, cache=args.cache_dir, init=args.init, layers=args.layers,
+    kw = dict(target=args.target, prompts=args.prompts, data=args.data, cache=args.cache_dir, init=args.init,
+              layers=args.layers,
               target_layer_ids=args.target_layers, block_size=args.block_size, mask_token_id=args.mask_token_id,
               max_prompt_tokens=args.max_prompt_tokens, max_new_tokens=args.max_new_tokens,
               gen_batch=args.gen_batch, feat_batch=args.feat_batch, thinking=args.thinking,

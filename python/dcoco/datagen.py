@@ -162,7 +162,8 @@ def run(tokenizer, endpoint: str, model: str, inputs_: Sequence[str | Path], out
     """Everything `dcoco data generate` does: this shard's conversations (every num_shards-th, from shard) not yet
     in out, concurrency at a time. Returns {written, failed, skipped, samples, prompt_mismatches, path}."""
     for name, v, lo in (("--num-shards", num_shards, 1), ("--concurrency", concurrency, 1),
-                        ("--max-prompt-tokens", max_prompt_tokens, 1), ("--max-response-tokens", max_response_tokens, 1)):
+                        ("--max-prompt-tokens", max_prompt_tokens, 1),
+                        ("--max-response-tokens", max_response_tokens, 1)):
         if v < lo:
             raise ValueError(f"{name}: expected an integer >= {lo}, got {v}")
     if not 0 <= shard < num_shards:

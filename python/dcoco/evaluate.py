@@ -242,7 +242,8 @@ def run(drafter: str, target: str = "smollm2", suites: Sequence[str] | None = No
     engine = Engine(model, d.eval(), c.eval() if corrector and c is not None else None,
                     rule=rule or dc.get("selection", "greedy"), lam=lam,
                     num_candidates=num_candidates or dc.get("num_candidates", 16))
-    res = evaluate(model, engine, encode(tok, texts, thinking), max_new_tokens, temperature, top_p, top_k, seed, progress)
+    res = evaluate(model, engine, encode(tok, texts, thinking), max_new_tokens, temperature, top_p, top_k, seed,
+                   progress)
     res["config"] = {"drafter": str(drafter), "target": target, "corrector": engine.corrector is not None,
                      "rule": engine.rule, "lam": lam, "num_candidates": engine.K, "rows": rows,
                      "max_new_tokens": max_new_tokens, "temperature": temperature, "top_p": top_p, "top_k": top_k,

@@ -31,8 +31,8 @@ MODES = ("drafter", "corrector", "joint")
 STATE = "train_state.pt"
 # what a resumed run must share with the saved one, or the trajectory would silently change (the global batch,
 # seqs_per_step x world size, is checked too: the world size itself may change)
-RESUME_KEYS = ("mode", "seed", "anchors", "grad_accum", "eval_sequences", "lr", "warmup", "clip", "gamma", "rho", "num_candidates",
-               "width", "mlp_hidden")
+RESUME_KEYS = ("mode", "seed", "anchors", "grad_accum", "eval_sequences", "lr", "warmup", "clip", "gamma", "rho",
+               "num_candidates", "width", "mlp_hidden")
 SAVE_DTYPES = ("bfloat16", "float16", "float32")
 
 
@@ -255,7 +255,8 @@ def train(cfg: TrainConfig, corpus: Corpus, embed: torch.Tensor, head: torch.Ten
           drafter: DFlashDrafter | DFlashConfig, corrector: Corrector | None = None,
           progress: bool = True) -> TrainResult:
     """Train per cfg.mode; writes cfg.out/{config.json, model.safetensors} (checkpoint.save), train_state.pt,
-    log.jsonl and, with held-out sequences, eval.jsonl (rank 0 only). embed/head: the target's frozen (V,d) embedding and LM-head weights.
+    log.jsonl and, with held-out sequences, eval.jsonl (rank 0 only). embed/head: the target's frozen (V,d)
+    embedding and LM-head weights.
     drafter: a DFlashDrafter (e.g. checkpoint.load) or a DFlashConfig for a fresh one (seeded). corrector:
     trained in corrector/joint modes (fresh and seeded when None), kept frozen in drafter mode."""
     if not isinstance(cfg, TrainConfig):
