@@ -36,13 +36,17 @@ def load_prompts(path: str | Path | None = None) -> list[str]:
     return prompts
 
 
+def chat_ids(tokenizer, prompt: str, thinking: bool = False) -> list[int]:
+    """One user turn plus the generation prompt, as token ids (templates without enable_thinking ignore it)."""
+    return list(tokenizer.apply_chat_template([{"role": "user", "content": prompt}], add_generation_prompt=True,
+                                              tokenize=True, return_dict=False, enable_thinking=thinking))
+
+
 def encode_prompts(tokenizer, prompts: Sequence[str], max_tokens: int = 300, thinking: bool = False,
                    progress: bool = True) -> list[list[int]]:
     """Chat-templated token ids (one user turn plus the generation prompt, thinking off unless asked); prompts
     longer than max_tokens are dropped, with one message saying how many and which, so that a few long ones
     cannot dominate memory and time."""
-    from .evaluate import chat_ids
-
     out, dropped = [], []
     for i, p in enumerate(prompts):
         ids = chat_ids(tokenizer, p, thinking)

@@ -15,6 +15,7 @@ import torch
 from torch import nn
 
 from . import plots
+from .corpus import chat_ids
 from .spec import KS, Engine, Result, summarize, target_only
 
 SUITES_HINT = ("prompt suites are JSONL files of {\"turns\": [...]} lines (the eval_datasets/ folder of the "
@@ -91,12 +92,6 @@ def encode(tokenizer, suites: Mapping[str, Sequence[str]], thinking: bool = Fals
     (enable_thinking, for templates that read it, e.g. Qwen3's: DFlash drafters and `dcoco bench` are
     non-thinking)."""
     return {name: [chat_ids(tokenizer, p, thinking) for p in prompts] for name, prompts in suites.items()}
-
-
-def chat_ids(tokenizer, prompt: str, thinking: bool = False) -> list[int]:
-    """One user turn plus the generation prompt, as token ids (templates without enable_thinking ignore it)."""
-    return list(tokenizer.apply_chat_template([{"role": "user", "content": prompt}], add_generation_prompt=True,
-                                              tokenize=True, return_dict=False, enable_thinking=thinking))
 
 
 def _row(spec: dict, base: dict) -> dict:

@@ -11,6 +11,8 @@ import torch
 import torch.nn.functional as F
 from torch.utils.checkpoint import checkpoint
 
+from .dflash import DFlashDrafter
+
 CHUNK_BYTES = 256 * 2 ** 20  # float32 logits per chunk when the caller does not say
 
 
@@ -24,7 +26,7 @@ def chunk_rows(vocab_size: int, rows: int | None = None) -> int:
 
 
 def _part(x: torch.Tensor, head: torch.Tensor, labels: torch.Tensor | None, k: int):
-    logits = F.linear(x, head.to(x.dtype))  # (n,V) in the autocast / hidden dtype
+    logits = DFlashDrafter.compute_logits(x, head)  # (n,V) in the autocast / hidden dtype
     top = logits.topk(k, dim=-1)
     ce = F.cross_entropy(logits.float(), labels, reduction="none") if labels is not None else None
     return ce, top.values, top.indices
@@ -42,6 +44,7 @@ def topk_ce(hidden: torch.Tensor, head: torch.Tensor, labels: torch.Tensor | Non
         raise ValueError(f"k: expected 1..{V}, got {k}")
     lead = hidden.shape[:-1]
     x = hidden.reshape(-1, d).contiguous()
+    head = head.to(x.dtype)  # once, not per chunk
     lab = None
     if labels is not None:
         if labels.shape != lead:

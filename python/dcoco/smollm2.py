@@ -24,6 +24,7 @@ def gguf_path() -> Path:
 
 def tokenizer():
     """The embedded target's tokenizer alone (no weights loaded)."""
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
     from transformers import AutoTokenizer
 
     path = gguf_path()
@@ -32,11 +33,10 @@ def tokenizer():
 
 def load():
     """(tokenizer, model) of SmolLM2-135M-Instruct, offline, dequantised to float32."""
-    os.environ.setdefault("HF_HUB_OFFLINE", "1")
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+    tok = tokenizer()
+    from transformers import AutoModelForCausalLM
 
     path = gguf_path()
-    tok = AutoTokenizer.from_pretrained(path.parent, gguf_file=path.name)
     model = AutoModelForCausalLM.from_pretrained(path.parent, gguf_file=path.name)
     return tok, model.eval()
 
