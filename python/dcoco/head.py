@@ -44,7 +44,8 @@ def topk_ce(hidden: torch.Tensor, head: torch.Tensor, labels: torch.Tensor | Non
         raise ValueError(f"k: expected 1..{V}, got {k}")
     lead = hidden.shape[:-1]
     x = hidden.reshape(-1, d).contiguous()
-    head = head.to(x.dtype)  # once, not per chunk
+    if not torch.is_autocast_enabled(x.device.type):
+        head = head.to(x.dtype)  # once, not per chunk (autocast casts per matmul: a bf16 head needs nothing)
     lab = None
     if labels is not None:
         if labels.shape != lead:

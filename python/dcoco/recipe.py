@@ -3,6 +3,7 @@ Defaults are the embedded SmolLM2-135M-Instruct target with a small drafter, siz
 
 from __future__ import annotations
 
+import json
 import os
 from pathlib import Path
 
@@ -10,12 +11,14 @@ import torch
 import torch.distributed as dist
 
 from . import checkpoint, datagen, smollm2
-from .corpus import CorpusSettings, build_corpus, encode_prompts, load_prompts
+from .corpus import CorpusSettings, build_corpus, corpus_key, encode_prompts, load_prompts
 from .dflash import DFlashConfig, build_target_layer_ids
+from .online import TargetFeatures, TokenCorpus, shared_responses
 from .training import TrainConfig, TrainResult, init_distributed, resolve_device, train
 
 SMOLLM2 = "smollm2"
 SMOLLM2_TAPS = [1, 15, 27]  # the taps of the feasibility run (notes/smollm2-feasibility.md)
+FEATURES = ("auto", "cache", "online")
 
 
 def cache_dir() -> Path:
@@ -78,14 +81,27 @@ def run(cfg: TrainConfig, target: str = SMOLLM2, prompts: str | None = None, dat
         cache: str | None = None,
         init: str | None = None, layers: int = 2, target_layer_ids: list[int] | None = None, block_size: int = 16,
         mask_token_id: int | None = None, max_prompt_tokens: int = 300, max_new_tokens: int = 128,
-        gen_batch: int = 16, feat_batch: int = 8, thinking: bool = False, progress: bool = True) -> TrainResult:
+        gen_batch: int = 16, feat_batch: int = 8, thinking: bool = False, features: str = "auto",
+        shard_target: bool = False, progress: bool = True) -> TrainResult:
     """Everything `dcoco train` does. data: a `dcoco data generate` folder to train on instead of answers generated
     here from prompts. init: a DFlash or DCOCO checkpoint, or a hub id, to start from (its config wins over
-    layers/target_layer_ids/block_size/mask_token_id). Under torchrun, rank 0 builds the corpus first."""
-    rank, _ = init_distributed(cfg.dist_timeout)
+    layers/target_layer_ids/block_size/mask_token_id).
+    features: "online" runs the frozen target on every batch (online.py), "cache" builds a feature cache first
+    (under torchrun rank 0 builds it, the others wait), "auto" is online on CUDA, a cache on a CPU. shard_target:
+    FSDP2 over the ranks for the online target (needs data: generation runs the whole target on each rank)."""
+    if features not in FEATURES:
+        raise ValueError(f"features: expected one of {FEATURES}, got {features!r}")
+    rank, world = init_distributed(cfg.dist_timeout)
     dev = resolve_device(cfg.device)
+    online = features == "online" or (features == "auto" and dev.type == "cuda")
+    if shard_target and not online:
+        raise ValueError("shard_target: shards the online target; pass features='online' (--features online)")
+    if shard_target and data is None:
+        raise ValueError("shard_target: needs data (--data, from `dcoco data generate`): generating answers here "
+                         "runs the whole target on each rank")
     tok, model = load_target(target, torch.bfloat16 if dev.type == "cuda" else None)  # frozen: bf16 on a GPU
-    model.to(dev)
+    if not shard_target:
+        model.to(dev)
     corrector = None
     if init is not None:
         drafter, corrector = checkpoint.load(local_checkpoint(init))
@@ -100,6 +116,17 @@ def run(cfg: TrainConfig, target: str = SMOLLM2, prompts: str | None = None, dat
     else:
         prompt_ids = encode_prompts(tok, load_prompts(prompts), max_prompt_tokens, thinking, progress and rank == 0)
     root = Path(cache) if cache else cache_dir() / "corpus"
+    if online:
+        if responses is None:  # every rank generates its share, once
+            key = corpus_key(model, prompt_ids, settings)
+            responses = [r for _, r in shared_responses(model, prompt_ids, root / f"tokens-{key}-w{world}", settings,
+                                                        progress and rank == 0)]
+        corpus = TokenCorpus(list(zip(prompt_ids, responses)))
+        embed, head = (m.weight.detach() for m in (model.get_input_embeddings(), model.get_output_embeddings()))
+        if shard_target:  # copies, taken before sharding replaces the target's weights with shards
+            embed, head = embed.clone(), head.clone()
+        feats = TargetFeatures(model, dcfg.target_layer_ids, dev, shard_target)
+        return train(cfg, corpus, embed, head, drafter, corrector, progress=progress, target=feats)
     for turn in (0, 1):  # rank 0 builds while the others wait, then they read its cache
         if (rank == 0) == (turn == 0):
             corpus = build_corpus(model, prompt_ids, root, settings, progress=progress and rank == 0,
@@ -112,3 +139,33 @@ def run(cfg: TrainConfig, target: str = SMOLLM2, prompts: str | None = None, dat
     if dev.type == "cuda":
         torch.cuda.empty_cache()
     return train(cfg, corpus, embed, head, drafter, corrector, progress=progress)
+
+
+def plan(cfg: TrainConfig, target: str = SMOLLM2, init: str | None = None, layers: int = 2,
+         target_layer_ids: list[int] | None = None, block_size: int = 16, features: str = "auto",
+         shard_target: bool = False, world: int = 1, seq_len: int = 428, gpu_memory: float | None = None):
+    """`dcoco train --dry-run`: the per-rank memory plan (memplan.Plan) of a run, from configs alone (no weights).
+    gpu_memory: GiB per device, which also makes it a CUDA plan on a machine without one (default: this device's)."""
+    from . import memplan
+    from .checkpoint import ARCHITECTURE
+    from .dflash import ARCHITECTURE as DFLASH
+
+    if features not in FEATURES:
+        raise ValueError(f"features: expected one of {FEATURES}, got {features!r}")
+    cuda = gpu_memory is not None or torch.cuda.is_available()
+    device_bytes = int(gpu_memory * 2 ** 30) if gpu_memory is not None else (
+        torch.cuda.get_device_properties(0).total_memory if cuda else None)
+    if target == SMOLLM2:
+        tcfg = smollm2.load()[1].config
+    else:
+        from transformers import AutoConfig
+        tcfg = AutoConfig.from_pretrained(target)
+    if init is not None:
+        raw = json.loads((local_checkpoint(init) / "config.json").read_text())
+        dcfg = DFlashConfig.from_dict(raw, architectures=(DFLASH, ARCHITECTURE))
+    else:
+        class Shape:  # drafter_config reads the target's sizes only; the mask id does not change memory
+            config = tcfg
+        dcfg = drafter_config(Shape, None, layers, target_layer_ids, block_size, 0, smollm2_target=target == SMOLLM2)
+    online = features == "online" or (features == "auto" and cuda)
+    return memplan.estimate(tcfg, dcfg, cfg, world, seq_len, shard_target, online, cuda, device_bytes)

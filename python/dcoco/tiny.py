@@ -47,3 +47,36 @@ def train_args(folder: str | Path, cache: str | Path, out: str | Path, *extra: s
             "--out", str(out), "--max-new-tokens", "24", "--gen-batch", "4", "--feat-batch", "4", "--layers", "1",
             "--target-layers", ",".join(map(str, TAPS)), "--block-size", "8", "--anchors", "8", "--candidates", "32",
             "--width", "16", "--mlp-hidden", "32", "--no-progress", *extra]
+
+
+def save_zlab_drafter(folder: str | Path, drafter) -> Path:
+    """drafter (a DFlashDrafter) written as z-lab publishes its drafters, by hand rather than through
+    checkpoint.save: their config.json keys (a qwen3 config with auto_map, layer_types, block_size,
+    num_target_layers and dflash_config) and bfloat16 tensors under their names. Checks that what we load and
+    what vLLM serves is the published layout, not only our own writer's."""
+    import torch
+    from safetensors.torch import save_file
+
+    c, d = drafter.config, Path(folder)
+    d.mkdir(parents=True, exist_ok=True)
+    cfg = {"architectures": ["DFlashDraftModel"], "auto_map": {"AutoModel": "dflash.DFlashDraftModel"},
+           "attention_bias": False, "attention_dropout": 0.0, "block_size": c.block_size, "bos_token_id": None,
+           "dflash_config": {"mask_token_id": c.mask_token_id, "target_layer_ids": list(c.target_layer_ids)},
+           "dtype": "bfloat16", "eos_token_id": None, "head_dim": c.head_dim, "hidden_act": "silu",
+           "hidden_size": c.hidden_size, "initializer_range": 0.02, "intermediate_size": c.intermediate_size,
+           "layer_types": ["full_attention"] * c.num_hidden_layers, "max_position_embeddings":
+           c.max_position_embeddings, "max_window_layers": c.num_hidden_layers, "model_type": "qwen3",
+           "num_attention_heads": c.num_attention_heads, "num_hidden_layers": c.num_hidden_layers,
+           "num_key_value_heads": c.num_key_value_heads, "num_target_layers": c.num_target_layers,
+           "rms_norm_eps": c.rms_norm_eps, "rope_scaling": None, "rope_theta": c.rope_theta, "sliding_window": None,
+           "tie_word_embeddings": False, "use_cache": True, "use_sliding_window": False, "vocab_size": c.vocab_size}
+    (d / "config.json").write_text(json.dumps(cfg, indent=2) + "\n")
+    names = [f"layers.{i}.{m}" for i in range(c.num_hidden_layers) for m in (
+        "input_layernorm.weight", "post_attention_layernorm.weight", "mlp.down_proj.weight", "mlp.gate_proj.weight",
+        "mlp.up_proj.weight", "self_attn.k_norm.weight", "self_attn.k_proj.weight", "self_attn.o_proj.weight",
+        "self_attn.q_norm.weight", "self_attn.q_proj.weight", "self_attn.v_proj.weight")]
+    names += ["fc.weight", "hidden_norm.weight", "norm.weight"]
+    state = drafter.state_dict()
+    save_file({n: state[n].detach().to(torch.bfloat16).contiguous() for n in names}, str(d / "model.safetensors"),
+              metadata={"format": "pt"})
+    return d

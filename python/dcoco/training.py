@@ -11,6 +11,7 @@ import json
 import math
 import os
 import random
+import threading
 import time
 from pathlib import Path
 
@@ -21,6 +22,7 @@ from tqdm import tqdm
 
 from . import checkpoint
 from .corpus import Corpus
+from .online import TargetFeatures, TokenCorpus
 from .corrector import Corrector
 from .dflash import DFlashConfig, DFlashDrafter, decayed_mean
 from .head import topk_ce
@@ -63,6 +65,7 @@ class TrainConfig:
     width: int = 128
     mlp_hidden: int = 256
     logit_chunk: int | None = None  # rows per LM-head chunk (head.py); None: 256 MB of float32 logits
+    grad_checkpoint: bool = False   # recompute the drafter's layer activations in backward (less memory, ~1/3 more)
     save_dtype: str = "bfloat16"    # the serving checkpoint's dtype (train_state.pt keeps float32)
     dist_timeout: float = 120.0     # minutes a collective may wait (torchrun), e.g. for a long save or eval
     seed: int = 0
@@ -84,6 +87,8 @@ class TrainConfig:
                 _positive_int(f, getattr(self, f))
         if isinstance(self.eval_sequences, bool) or not isinstance(self.eval_sequences, int) or self.eval_sequences < 0:
             raise ValueError(f"eval_sequences: expected an integer >= 0, got {self.eval_sequences!r}")
+        if not isinstance(self.grad_checkpoint, bool):
+            raise ValueError(f"grad_checkpoint: expected True or False, got {self.grad_checkpoint!r}")
         if self.save_dtype not in SAVE_DTYPES:
             raise ValueError(f"save_dtype: expected one of {SAVE_DTYPES}, got {self.save_dtype!r}")
         for f, lo in (("lr", 0.0), ("clip", 0.0), ("gamma", 0.0), ("rho", 0.0), ("max_time", 0.0),
@@ -115,15 +120,15 @@ def sample_anchors(response: torch.Tensor, count: int, gen: torch.Generator) -> 
 
 
 def collate(seqs: list[dict[str, torch.Tensor]], anchors: list[torch.Tensor]) -> dict[str, torch.Tensor]:
-    """Right-pads sequences to the longest and anchor lists to the most; anchor_ok marks the real anchors."""
-    N, S, A, F = len(seqs), max(len(s["ids"]) for s in seqs), max(len(a) for a in anchors), seqs[0]["hidden"].shape[1]
-    b = {"ids": torch.zeros(N, S, dtype=torch.long), "hidden": torch.zeros(N, S, F, dtype=seqs[0]["hidden"].dtype),
-         "labels": torch.zeros(N, S, dtype=torch.long), "response": torch.zeros(N, S, dtype=torch.bool),
-         "anchors": torch.zeros(N, A, dtype=torch.long), "anchor_ok": torch.zeros(N, A, dtype=torch.bool)}
+    """Right-pads sequences (ids, response and, from a feature cache, hidden and labels) to the longest and anchor
+    lists to the most; anchor_ok marks the real anchors."""
+    N, S, A = len(seqs), max(len(s["ids"]) for s in seqs), max(len(a) for a in anchors)
+    b = {k: v.new_zeros(N, S, *v.shape[1:]) for k, v in seqs[0].items()}
+    b["anchors"] = torch.zeros(N, A, dtype=torch.long)
+    b["anchor_ok"] = torch.zeros(N, A, dtype=torch.bool)
     for i, (s, a) in enumerate(zip(seqs, anchors)):
-        n = len(s["ids"])
-        for k in ("ids", "hidden", "labels", "response"):
-            b[k][i, :n] = s[k]
+        for k, v in s.items():
+            b[k][i, :len(v)] = v
         b["anchors"][i, :len(a)] = a
         b["anchor_ok"][i, :len(a)] = True
     return b
@@ -140,7 +145,7 @@ class Schedule:
     (seed, epoch, sequence). A function of the seed and the global batch only, so a resumed run sees exactly what
     an uninterrupted one would, on any world size with the same global batch."""
 
-    def __init__(self, corpus: Corpus, seed: int, seqs_per_step: int, anchors: int, rank: int, world: int,
+    def __init__(self, corpus: Corpus | TokenCorpus, seed: int, seqs_per_step: int, anchors: int, rank: int, world: int,
                  held_out: int = 0):
         self.corpus, self.seed, self.n, self.anchors, self.rank, self.world = \
             corpus, seed, seqs_per_step, anchors, rank, world
@@ -167,12 +172,15 @@ class Schedule:
         return collate(seqs, anchors)
 
     def eval_batches(self):
-        """This rank's share of the held-out sequences, seqs_per_step at a time, with fixed anchors."""
+        """This rank's share of the held-out sequences, seqs_per_step at a time, with fixed anchors; then None
+        until every rank has yielded as often (a sharded target needs every rank in each forward)."""
         mine = self.held_out[self.rank:: self.world]
         for k in range(0, len(mine), self.n):
             seqs = [self.corpus[j] for j in mine[k:k + self.n]]
             yield collate(seqs, [sample_anchors(s["response"], self.anchors, _gen(self.seed, -3, j))
                                  for s, j in zip(seqs, mine[k:k + self.n])])
+        most = -(-len(self.held_out[:: self.world]) // self.n)  # rank 0 has the largest share
+        yield from [None] * (most - -(-len(mine) // self.n))
 
 
 # ---- the objective ----
@@ -251,18 +259,21 @@ def resolve_device(name: str) -> torch.device:
     return torch.device(name)
 
 
-def train(cfg: TrainConfig, corpus: Corpus, embed: torch.Tensor, head: torch.Tensor,
+def train(cfg: TrainConfig, corpus: Corpus | TokenCorpus, embed: torch.Tensor, head: torch.Tensor,
           drafter: DFlashDrafter | DFlashConfig, corrector: Corrector | None = None,
-          progress: bool = True) -> TrainResult:
+          progress: bool = True, target: TargetFeatures | None = None) -> TrainResult:
     """Train per cfg.mode; writes cfg.out/{config.json, model.safetensors} (checkpoint.save), train_state.pt,
     log.jsonl and, with held-out sequences, eval.jsonl (rank 0 only). embed/head: the target's frozen (V,d)
     embedding and LM-head weights.
     drafter: a DFlashDrafter (e.g. checkpoint.load) or a DFlashConfig for a fresh one (seeded). corrector:
-    trained in corrector/joint modes (fresh and seeded when None), kept frozen in drafter mode."""
+    trained in corrector/joint modes (fresh and seeded when None), kept frozen in drafter mode. target: the frozen
+    target that computes each batch's features and labels (online.py), needed by a TokenCorpus."""
     if not isinstance(cfg, TrainConfig):
         raise TypeError(f"cfg: expected a TrainConfig, got {type(cfg).__name__}")
-    if not isinstance(corpus, Corpus):
-        raise TypeError(f"corpus: expected a dcoco.corpus.Corpus, got {type(corpus).__name__}")
+    if not isinstance(corpus, (Corpus, TokenCorpus)):
+        raise TypeError(f"corpus: expected a dcoco.corpus.Corpus or online.TokenCorpus, got {type(corpus).__name__}")
+    if (target is None) != isinstance(corpus, Corpus):
+        raise ValueError("target: a TokenCorpus needs the target (online features), a feature cache must not have it")
     if cfg.mode == "corrector" and not isinstance(drafter, DFlashDrafter):
         raise ValueError("drafter: corrector mode trains on a frozen, trained drafter; pass a DFlashDrafter")
     rank, world = init_distributed(cfg.dist_timeout)
@@ -280,8 +291,9 @@ def train(cfg: TrainConfig, corpus: Corpus, embed: torch.Tensor, head: torch.Ten
     if corrector is not None and corrector.num_candidates != cfg.num_candidates:
         raise ValueError(f"cfg.num_candidates: {cfg.num_candidates}, but the corrector is for "
                          f"K = {corrector.num_candidates}")
-    if corpus.feature_dim != drafter.fc.in_features:
-        raise ValueError(f"corpus: features are {corpus.feature_dim} wide, the drafter expects "
+    src, width = ("target", target.feature_dim) if target is not None else ("corpus", corpus.feature_dim)
+    if width != drafter.fc.in_features:
+        raise ValueError(f"{src}: features are {width} wide, the drafter expects "
                          f"{drafter.fc.in_features} ({len(drafter.config.target_layer_ids)} target layers x {d})")
     V = drafter.config.vocab_size
     if cfg.num_candidates > V:
@@ -292,10 +304,14 @@ def train(cfg: TrainConfig, corpus: Corpus, embed: torch.Tensor, head: torch.Ten
             raise ValueError(f"{name}: expected the target's ({V}, {d}) weight, got {got}")
     drafter.float().to(dev)
     drafter.requires_grad_(cfg.mode != "corrector")
+    drafter.grad_checkpoint = cfg.grad_checkpoint
     if corrector is not None:
         corrector.float().to(dev)
         corrector.requires_grad_(cfg.mode != "drafter")
-    embed, head = embed.detach().float().to(dev), head.detach().float().to(dev)
+    # the LM head only meets bf16-autocast matmuls on CUDA: kept in bf16 there (the online target's own head is
+    # then shared, not copied); float32 elsewhere
+    embed = embed.detach().float().to(dev)
+    head = head.detach().to(dev, torch.bfloat16 if dev.type == "cuda" else torch.float32)
 
     anchors = cfg.anchors or (512 if dev.type == "cuda" else 32)
     sched = Schedule(corpus, cfg.seed, cfg.seqs_per_step, anchors, rank, world, cfg.eval_sequences)
@@ -315,15 +331,18 @@ def train(cfg: TrainConfig, corpus: Corpus, embed: torch.Tensor, head: torch.Ten
     start = _resume(out, cfg, total, world, objective, opt, lr_sched) if cfg.resume else 0
     model = objective
     if world > 1:
-        model = nn.parallel.DistributedDataParallel(objective, device_ids=[dev.index] if dev.type == "cuda" else None)
+        model = nn.parallel.DistributedDataParallel(objective, device_ids=[dev.index] if dev.type == "cuda" else None,
+                                                    gradient_as_bucket_view=True)  # no second copy of the gradients
 
     history, t0, step, end = [], time.monotonic(), start, min(total, cfg.stop_at or total)
+    saver = Saver()
     bar = tqdm(total=total, initial=start, desc=f"train {cfg.mode}", disable=rank != 0 or not progress)
     while step < end:
         opt.zero_grad(set_to_none=True)
         parts = []
         for m in range(accum):  # gradients summed over micro-batches; DDP all-reduces after the last only
-            batch = {k: v.to(dev, non_blocking=True) for k, v in sched.batch(step * accum + m).items()}
+            batch = _features({k: v.to(dev, non_blocking=True) for k, v in sched.batch(step * accum + m).items()},
+                              target)
             with model.no_sync() if world > 1 and m < accum - 1 else contextlib.nullcontext():
                 with torch.autocast("cuda", torch.bfloat16, enabled=dev.type == "cuda"):
                     res = model(batch, embed, head)
@@ -342,15 +361,16 @@ def train(cfg: TrainConfig, corpus: Corpus, embed: torch.Tensor, head: torch.Ten
         if rank == 0:
             _log(out, rec, bar, history, cfg.log_every)
         if cfg.eval_sequences and (step % (cfg.eval_every or cfg.save_every) == 0 or step == end or stop):
-            ev = _evaluate(objective, sched, embed, head, step, world, dev)
+            ev = _evaluate(objective, sched, embed, head, step, world, dev, target)
             if rank == 0:
                 _log_eval(out, ev, bar)
         if rank == 0:
             if step % cfg.save_every == 0 or step == end or stop:
-                _save(out, cfg, step, total, world, objective, opt, lr_sched)
+                saver.save(out, cfg, step, total, world, objective, opt, lr_sched)
         if stop:
             break
     bar.close()
+    saver.wait()
     return TrainResult(drafter, corrector, step, history)
 
 
@@ -369,15 +389,25 @@ def _record(res: dict, step: int, lr: float, stop: bool, world: int, dev: torch.
     return rec
 
 
+def _features(batch: dict[str, torch.Tensor], target: TargetFeatures | None) -> dict[str, torch.Tensor]:
+    """The batch with the target's features and labels (online), or as it is (cached features)."""
+    return batch if target is None else {**batch, **target(batch["ids"])}
+
+
 @torch.no_grad()
-def _evaluate(objective: Objective, sched: Schedule, embed, head, step: int, world: int, dev: torch.device) -> dict:
+def _evaluate(objective: Objective, sched: Schedule, embed, head, step: int, world: int, dev: torch.device,
+              target: TargetFeatures | None) -> dict:
     """Teacher-forced tau and losses on the held-out sequences (every rank its share, summed over ranks)."""
     was = objective.training
     objective.eval()
     v = torch.zeros(5, device=dev)  # loss x blocks, dflash x blocks, tau_dflash, tau_dcoco, blocks
     for b in sched.eval_batches():
+        if b is None:
+            if target is not None:
+                target.idle()
+            continue
         with torch.autocast("cuda", torch.bfloat16, enabled=dev.type == "cuda"):
-            res = objective({k: t.to(dev) for k, t in b.items()}, embed, head)
+            res = objective(_features({k: t.to(dev) for k, t in b.items()}, target), embed, head)
         n = res["blocks"].float()
         v += torch.stack([res["loss"].float() * n, res["dflash"].float() * n, res["tau_dflash"],
                           res.get("tau_dcoco", torch.zeros((), device=dev)), n])
@@ -412,22 +442,68 @@ def _log(out: Path, rec: dict, bar: tqdm, history: list[dict], every: int) -> No
         bar.write(f"step {rec['step']}: " + " ".join(f"{k} {v:.4f}" for k, v in mean.items()) + f" lr {rec['lr']:.2e}")
 
 
-def _save(out: Path, cfg: TrainConfig, step: int, total: int, world: int, objective: Objective,
-          opt: torch.optim.Optimizer, lr_sched) -> None:
-    """The serving checkpoint and the training state, each written whole before it replaces the old one."""
-    tmp = out / f".tmp{step}"
-    checkpoint.save(tmp, objective.drafter, objective.corrector, dtype=getattr(torch, cfg.save_dtype))
-    for f in ("config.json", "model.safetensors"):
-        os.replace(tmp / f, out / f)
-    state = {"step": step, "total": total, "world": world, "config": dataclasses.asdict(cfg),
-             "drafter": objective.drafter.state_dict(),
-             "corrector": objective.corrector.state_dict() if objective.corrector is not None else None,
-             "optimizer": opt.state_dict(), "scheduler": lr_sched.state_dict(),
-             "rng": {"torch": torch.get_rng_state(), "python": random.getstate(),
-                     "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else None}}
-    torch.save(state, tmp / STATE)
-    os.replace(tmp / STATE, out / STATE)
-    tmp.rmdir()
+class Saver:
+    """Checkpoints written in the background: a save copies the state to CPU memory (all the training step waits
+    for), then a thread writes the serving checkpoint and train_state.pt, each whole before it replaces the old
+    one. One save at a time; wait() before the run returns, and it raises what the thread raised."""
+
+    def __init__(self):
+        self._thread: threading.Thread | None = None
+        self._error: BaseException | None = None
+
+    def save(self, out: Path, cfg: TrainConfig, step: int, total: int, world: int, objective: Objective,
+             opt: torch.optim.Optimizer, lr_sched) -> None:
+        self.wait()
+        drafter = _cpu_module(objective.drafter)
+        corrector = _cpu_module(objective.corrector) if objective.corrector is not None else None
+        state = {"step": step, "total": total, "world": world, "config": dataclasses.asdict(cfg),
+                 "drafter": drafter.state_dict(), "corrector": corrector.state_dict() if corrector else None,
+                 "optimizer": _to_cpu(opt.state_dict()), "scheduler": lr_sched.state_dict(),
+                 "rng": {"torch": torch.get_rng_state(), "python": random.getstate(),
+                         "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else None}}
+        self._thread = threading.Thread(target=self._write, args=(out, step, drafter, corrector, state,
+                                                                  getattr(torch, cfg.save_dtype)), daemon=False)
+        self._thread.start()
+
+    def _write(self, out: Path, step: int, drafter, corrector, state: dict, dtype: torch.dtype) -> None:
+        try:
+            tmp = out / f".tmp{step}"
+            checkpoint.save(tmp, drafter, corrector, dtype=dtype)
+            for f in ("config.json", "model.safetensors"):
+                os.replace(tmp / f, out / f)
+            torch.save(state, tmp / STATE)
+            os.replace(tmp / STATE, out / STATE)
+            tmp.rmdir()
+        except BaseException as e:  # noqa: BLE001 (re-raised by wait, in the training thread)
+            self._error = e
+
+    def wait(self) -> None:
+        if self._thread is not None:
+            self._thread.join()
+            self._thread = None
+        if self._error is not None:
+            e, self._error = self._error, None
+            raise RuntimeError(f"saving the checkpoint failed: {type(e).__name__}: {e}") from e
+
+
+def _to_cpu(x):
+    """x with every tensor in it (nested dicts, lists, tuples) copied to CPU memory."""
+    if isinstance(x, torch.Tensor):
+        return x.detach().to("cpu", copy=True)
+    if isinstance(x, dict):
+        return {k: _to_cpu(v) for k, v in x.items()}
+    if isinstance(x, (list, tuple)):
+        return type(x)(_to_cpu(v) for v in x)
+    return x
+
+
+def _cpu_module(m: DFlashDrafter | Corrector) -> DFlashDrafter | Corrector:
+    """A CPU copy of a drafter or corrector, built on the meta device (no second copy on the GPU)."""
+    with torch.device("meta"):
+        copy = DFlashDrafter(m.config) if isinstance(m, DFlashDrafter) else \
+            Corrector(m.hidden_size, m.num_candidates, m.width, m.mlp_hidden)
+    copy.load_state_dict({k: v.detach().to("cpu", copy=True) for k, v in m.state_dict().items()}, assign=True)
+    return copy
 
 
 def saved_progress(out: str | Path) -> tuple[int, int] | None:

@@ -1,0 +1,168 @@
+"""Online target features (online.py): the frozen target run per batch equals the feature cache, trains like it,
+and shards over torchrun ranks (FSDP2 with gloo) without changing a bit. On the tiny random Llama target."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+pytest.importorskip("transformers", reason="training needs the demo extra (pip install '.[demo]')")
+
+from dcoco import cli, corpus as corpus_mod, recipe, tiny  # noqa: E402
+from dcoco.online import TargetFeatures, TokenCorpus  # noqa: E402
+from dcoco.training import Schedule, TrainConfig, collate, train  # noqa: E402
+
+SETTINGS = corpus_mod.CorpusSettings(tiny.TAPS, max_new_tokens=24, gen_batch=4, feat_batch=4)
+
+
+@pytest.fixture(scope="module")
+def target_dir(tmp_path_factory) -> Path:
+    return tiny.save_target(tmp_path_factory.mktemp("target"), prompts=12)
+
+
+@pytest.fixture(scope="module")
+def target(target_dir):
+    return recipe.load_target(str(target_dir))
+
+
+@pytest.fixture(scope="module")
+def prompt_ids(target, target_dir):
+    return corpus_mod.encode_prompts(target[0], corpus_mod.load_prompts(target_dir / "prompts.jsonl"))
+
+
+@pytest.fixture(scope="module")
+def cache(target, prompt_ids, tmp_path_factory):
+    return corpus_mod.build_corpus(target[1], prompt_ids, tmp_path_factory.mktemp("cache"), SETTINGS, progress=False)
+
+
+def pairs_of(cache) -> list[tuple[list[int], list[int]]]:
+    out = []
+    for i in range(len(cache)):
+        s = cache[i]
+        n = int((~s["response"]).sum())
+        out.append((s["ids"][:n].tolist(), s["ids"][n:].tolist()))
+    return out
+
+
+@pytest.fixture(scope="module")
+def data_dir(cache, tmp_path_factory) -> Path:
+    """The cache's sequences as a `dcoco data generate` folder (token ids only)."""
+    d = tmp_path_factory.mktemp("data")
+    recs = [{"source": "t.jsonl", "row": i, "samples": [{"prompt_ids": p, "response_ids": r, "finish": "stop"}]}
+            for i, (p, r) in enumerate(pairs_of(cache))]
+    (d / "shard-0-of-1.jsonl").write_text("".join(json.dumps(r) + "\n" for r in recs))
+    return d
+
+
+def test_features_equal_the_cache(target, cache):
+    feats = TargetFeatures(target[1], list(tiny.TAPS), torch.device("cpu"))
+    tokens = TokenCorpus(pairs_of(cache))
+    assert len(tokens) == len(cache) and feats.feature_dim == cache.feature_dim
+    idx = list(range(len(cache)))[:5]
+    b = collate([tokens[i] for i in idx], [torch.tensor([0])] * len(idx))
+    out = feats(b["ids"])
+    assert out["hidden"].shape == (*b["ids"].shape, cache.feature_dim) and out["labels"].shape == b["ids"].shape
+    for j, i in enumerate(idx):
+        ref, n = cache[i], len(cache[i]["ids"])
+        assert torch.equal(tokens[i]["response"], ref["response"])
+        assert torch.equal(out["labels"][j, :n], ref["labels"])  # right padding changes no real position
+        torch.testing.assert_close(out["hidden"][j, :n].half(), ref["hidden"], rtol=1e-3, atol=1e-3)
+
+
+def test_online_training_learns_and_checks_its_inputs(target, cache):
+    tok, model = target
+    dcfg = recipe.drafter_config(model, tok, layers=1, target_layer_ids=list(tiny.TAPS), block_size=8)
+    w = model.get_input_embeddings().weight.detach()
+    feats = TargetFeatures(model, list(tiny.TAPS), torch.device("cpu"))
+    tokens = TokenCorpus(pairs_of(cache))
+    cfg = TrainConfig(mode="joint", steps=12, anchors=8, num_candidates=32, width=16, mlp_hidden=32, lr=3e-3,
+                      warmup=0.0, save_every=1000, log_every=1000, out="/nonexistent", eval_sequences=3,
+                      eval_every=1000)
+    with pytest.raises(ValueError, match="target: a TokenCorpus needs the target"):
+        train(cfg, tokens, w, w, dcfg, progress=False)
+    with pytest.raises(ValueError, match="target: a TokenCorpus needs the target"):
+        train(cfg, cache, w, w, dcfg, progress=False, target=feats)
+    with pytest.raises(ValueError, match="layer_ids"):
+        TargetFeatures(model, [3], torch.device("cpu"))  # the last layer's output is normed: not a tap
+    with pytest.raises(ValueError, match="pairs"):
+        TokenCorpus([([1], [])])
+    res = train(TrainConfig(**{**cfg.__dict__, "out": str(Path(cache.path).parent / "online-run")}), tokens, w, w,
+                dcfg, progress=False, target=feats)
+    first, last = res.history[0], res.history[-1]
+    assert last["dflash"] < first["dflash"] and last["corr"] < first["corr"]
+
+
+def test_schedule_pads_evaluation_so_every_rank_runs_the_target_equally(cache):
+    for world in (2, 3):
+        counts = [len(list(Schedule(cache, 0, 2, 8, r, world, held_out=5).eval_batches())) for r in range(world)]
+        assert len(set(counts)) == 1 and counts[0] >= 1
+        nones = [sum(b is None for b in Schedule(cache, 0, 2, 8, r, world, held_out=5).eval_batches())
+                 for r in range(world)]
+        assert nones[0] == 0
+
+
+def test_recipe_online_from_prompts_generates_what_the_cache_does(target_dir, cache, tmp_path):
+    args = tiny.train_args(target_dir, tmp_path / "c", tmp_path / "out", "--mode", "drafter", "--steps", "2",
+                           "--features", "online")
+    cfg, kw = cli.train_options(cli.parser().parse_args(args))
+    res = recipe.run(cfg, **kw)
+    assert res.step == 2
+    parts = list((tmp_path / "c").glob("tokens-*/part-0.json"))
+    assert len(parts) == 1  # one rank: the same batches as the cache, so the same answers
+    assert [r for _, r in json.loads(parts[0].read_text())] == [r for _, r in pairs_of(cache)]
+    with pytest.raises(ValueError, match="shard_target: needs data"):
+        recipe.run(cfg, **{**kw, "shard_target": True})
+    with pytest.raises(ValueError, match="shard_target: shards the online target"):
+        recipe.run(cfg, **{**kw, "features": "cache", "shard_target": True})
+    with pytest.raises(ValueError, match="features: expected one of"):
+        recipe.run(cfg, **{**kw, "features": "disk"})
+
+
+WRAPPER = """
+import hashlib, sys, torch, torch.distributed as dist
+from dcoco import cli, online, recipe
+init, kind = online.TargetFeatures.__init__, []
+def spy(self, *a, **k):  # what the target's weights became
+    init(self, *a, **k)
+    kind.append(type(self.decoder.layers[0].mlp.up_proj.weight).__name__)
+online.TargetFeatures.__init__ = spy
+cfg, kw = cli.train_options(cli.parser().parse_args(sys.argv[2:]))
+res = recipe.run(cfg, **kw)
+h = hashlib.sha256()
+for m in (res.drafter, res.corrector):
+    for v in m.state_dict().values():
+        h.update(v.detach().cpu().numpy().tobytes())
+open(f"{sys.argv[1]}/rank{dist.get_rank()}.txt", "w").write(h.hexdigest() + " " + kind[0])
+"""
+
+
+def test_torchrun_sharded_target_changes_nothing(target_dir, data_dir, tmp_path):
+    """2 gloo ranks, joint mode, online features from a data folder, held-out evaluation with unequal shares: the
+    FSDP2-sharded target gives bit for bit the run of the unsharded one."""
+    (tmp_path / "w.py").write_text(WRAPPER)
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "CUDA_VISIBLE_DEVICES": ""}
+    sums = {}
+    for shard in (False, True):
+        run = tmp_path / f"shard{shard}"
+        run.mkdir()
+        args = tiny.train_args(target_dir, tmp_path / "c", run / "out", "--mode", "joint", "--seqs-per-step", "1",
+                               "--steps", "3", "--data", str(data_dir), "--features", "online", "--eval-sequences",
+                               "3", "--eval-every", "2", *(["--shard-target"] if shard else []))
+        cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
+               str(tmp_path / "w.py"), str(run), *args]
+        r = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=180)
+        assert r.returncode == 0, r.stderr[-3000:]
+        ranks = [(run / f"rank{i}.txt").read_text() for i in (0, 1)]
+        assert ranks[0] == ranks[1] and ranks[0].endswith(" DTensor" if shard else " Parameter")
+        sums[shard] = ranks[0].split()[0]
+        evals = (run / "out" / "eval.jsonl").read_text().splitlines()
+        assert [json.loads(e)["step"] for e in evals] == [2, 3]
+    assert sums[False] == sums[True]
+    assert hashlib.sha256(b"").hexdigest() not in sums.values()
