@@ -76,6 +76,43 @@ def test_suite_loader(tmp_path):
         load_suites([tmp_path], rows=0)
 
 
+def test_chats_rows_as_bench_draws_them_every_turn_in_context(target, drafter, tmp_path, monkeypatch):
+    from transformers import AutoTokenizer
+
+    from dcoco import evaluate as ev, serve_bench
+
+    _tiny_target_dir(tmp_path / "target", target)
+    tok = AutoTokenizer.from_pretrained(tmp_path / "target")
+    rows = [{"turns": [f"w{i + 3} w40", f"w{i + 9} w41"]} if i % 2 else {"turns": [f"w{i + 3} w42"]} for i in range(6)]
+    (tmp_path / "s.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    chats = ev.load_chats([tmp_path / "s.jsonl"], rows=4)
+    picked = serve_bench.subset("s", serve_bench.load([tmp_path / "s.jsonl"])["s"], 4)  # what `dcoco bench` sends
+    assert chats == {"s": [rows[i]["turns"] for i in picked]} and any(len(t) == 2 for t in chats["s"])
+    assert len(ev.load_chats([tmp_path / "s.jsonl"], rows=serve_bench.ALL)["s"]) == 6
+    with pytest.raises(ValueError, match="rows"):
+        ev.load_chats([tmp_path], rows=0)
+    with pytest.raises(ValueError, match="suites: .*does not exist"):
+        ev.load_chats([tmp_path / "nope"])
+    rounds, decode_all = [], ev.decode_all
+
+    def spy(target, engines, prompts, *args):
+        out = decode_all(target, engines, prompts, *args)
+        rounds.append((prompts["s"], [r.tokens for r in out[0]["target-only"]["s"]]))
+        return out
+
+    monkeypatch.setattr(ev, "decode_all", spy)
+    eng = Engine(target, drafter, None, num_candidates=8, eos_token_id=None)
+    res = ev.evaluate_chats(target, eng, tok, chats, max_new_tokens=6, progress=False)
+    turns = sum(map(len, chats["s"]))
+    assert res["lossless"] is True and res["overall"]["target_only"]["tokens"] == 6 * turns
+    assert [len(p) for p, _ in rounds] == [len(chats["s"]), sum(len(t) == 2 for t in chats["s"])]
+    (first, answers), (second, _) = rounds
+    two = [j for j, t in enumerate(chats["s"]) if len(t) == 2]
+    for k, j in enumerate(two):  # turn 2's prompt holds turn 1's target-only answer
+        said = [t for t in answers[j] if t not in tok.all_special_ids]
+        assert any(second[k][i:i + len(said)] == said for i in range(len(second[k]))) and len(second[k]) > len(first[j])
+
+
 def _tiny_target_dir(path, target) -> None:
     """The tiny Llama plus a word-level tokenizer (one id per word of a 64-word vocabulary) with a chat
     template, saved where transformers' Auto classes load them."""

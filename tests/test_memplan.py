@@ -240,14 +240,17 @@ def test_qwen3_8b_zlab_fits_80gib(shard):
     assert plan.fits()
 
 
-def test_cli_dry_run_of_the_qwen3_recipe(capsys):
+def test_cli_dry_run_of_the_qwen3_recipe(capsys, tmp_path):
     """What the README shows: the recipe's two stages planned offline from configs alone, both fitting."""
     from dcoco import cli
 
     root = Path(__file__).parents[1] / "recipes"
     assert cli.main(["train", "--config", str(root / "qwen3-8b-zlab.toml"), "--dry-run", "--world-size", "8",
                      "--gpu-memory", "80", "--target", str(root / "configs" / "Qwen3-8B"), "--init",
-                     str(root / "configs" / "Qwen3-8B-DFlash-b16")]) == 0
+                     str(root / "configs" / "Qwen3-8B-DFlash-b16"), "--plan-json", str(tmp_path / "plan.json")]) == 0
     out = capsys.readouterr().out
+    saved = json.loads((tmp_path / "plan.json").read_text())["stages"]
+    assert [p["mode"] for p in saved] == ["corrector", "joint"] and all(p["fits"] for p in saved)
+    assert saved[1]["total_bytes"] == sum(r["bytes"] for r in saved[1]["rows"])
     assert out.count("sequences of 3072 tokens") == 2 and out.count("fits in 80.0 GiB") == 2
     assert "corrector, 8 rank(s)" in out and "joint, 8 rank(s)" in out

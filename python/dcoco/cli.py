@@ -124,6 +124,7 @@ def _train_parser(p: argparse.ArgumentParser) -> None:
     g.add_argument("--dry-run", action="store_true", help="print the per-rank memory plan of this configuration")
     g.add_argument("--world-size", type=int, help="ranks to plan for (default: WORLD_SIZE, else 1)")
     g.add_argument("--gpu-memory", type=float, help="GiB per GPU to plan for (default: this machine's GPU)")
+    g.add_argument("--plan-json", help="also write the plan of every stage to this JSON file")
     g.add_argument("--seq-len", type=int, help="the longest sequence, in tokens (default: --max-prompt-tokens + "
                                                "--max-new-tokens)")
 
@@ -196,7 +197,9 @@ def _eval_parser(p: argparse.ArgumentParser) -> None:
     p.add_argument("--suites", nargs="+", help="folders of *.jsonl suites or .jsonl files "
                                                "(default: ../shared/data/eval next to the repository)")
     p.add_argument("--hub", action="store_true", help="fetch suites from the Hugging Face hub (not supported yet)")
-    p.add_argument("--rows", type=int, default=8, help="first rows per suite (%(default)s)")
+    p.add_argument("--rows", default="8", help="rows per suite, drawn as `dcoco bench --rows N` draws them (the "
+                                               "same rows), 'all', or 'paper' (the paper's subsets); every turn "
+                                               "of each row is decoded (%(default)s)")
     p.add_argument("--max-new-tokens", type=int, default=64, help="(%(default)s)")
     p.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (%(default)s)")
     p.add_argument("--top-p", type=float, default=1.0, help="(%(default)s)")
@@ -297,12 +300,15 @@ def _train(argv: list[str], args: argparse.Namespace) -> int:
         except ValueError as e:
             raise SystemExit(f"dcoco train: {e}") from None
         stages = stages or [{}]
-    prev = None
+    prev, plans = None, []
     for i, st in enumerate(stages):
         a = argparse.Namespace(**{**vars(args), **st})
         if i and "init" not in st and not args.dry_run:
             a.init = prev  # each stage starts from the one before (a dry run plans the same drafter shape)
         prev = a.out
+        if a.dry_run:
+            plans.append(_dry_run(a, *train_options(a)))
+            continue
         if len(stages) > 1:
             saved = saved_progress(a.out)  # (step, total) of a run already in a.out
             done = saved is not None and saved[0] >= saved[1]
@@ -313,14 +319,17 @@ def _train(argv: list[str], args: argparse.Namespace) -> int:
                 continue
             a.resume = saved is not None
         cfg, kw = train_options(a)
-        if a.dry_run:
-            _dry_run(a, cfg, kw)
-            continue
         recipe.run(cfg, **kw)
+    if args.dry_run and args.plan_json:
+        from pathlib import Path
+
+        Path(args.plan_json).parent.mkdir(parents=True, exist_ok=True)
+        Path(args.plan_json).write_text(json.dumps({"config": args.config, "stages": plans}, indent=1) + "\n")
+        print(f"wrote {args.plan_json}")
     return 0
 
 
-def _dry_run(a: argparse.Namespace, cfg, kw: dict) -> None:
+def _dry_run(a: argparse.Namespace, cfg, kw: dict) -> dict:
     from . import recipe
 
     world = a.world_size or int(os.environ.get("WORLD_SIZE", "1"))
@@ -332,6 +341,8 @@ def _dry_run(a: argparse.Namespace, cfg, kw: dict) -> None:
         raise SystemExit(f"dcoco train --dry-run: {e}") from None
     print(f"dcoco train --dry-run: {cfg.mode}, {world} rank(s), sequences of {seq_len} tokens, per rank:")
     print(plan.format())
+    return {"mode": cfg.mode, "world": world, "seq_len": seq_len, "target": kw["target"], "init": kw["init"],
+            "features": kw["features"], "shard_target": kw["shard_target"], **plan.to_dict()}
 
 
 def train_options(args: argparse.Namespace) -> tuple:
@@ -383,7 +394,9 @@ def main(argv=None) -> int:
             raise SystemExit("dcoco eval: --hub is not supported yet; download the suites (JSONL of "
                              "{\"turns\": [...]} lines) and pass them with --suites")
         try:
-            res = evaluate.run(args.drafter, args.target, args.suites, args.rows, args.max_new_tokens,
+            from .serve_bench import parse_rows
+            rows = parse_rows(None if args.rows == "paper" else args.rows)
+            res = evaluate.run(args.drafter, args.target, args.suites, rows, args.max_new_tokens,
                                args.temperature, args.top_p, args.top_k, corrector=not args.no_corrector,
                                rule=args.rule, lam=args.lam, num_candidates=args.candidates, seed=args.seed,
                                device=args.device, out=args.out, progress=not args.no_progress,

@@ -36,10 +36,12 @@ def load_prompts(path: str | Path | None = None) -> list[str]:
     return prompts
 
 
-def chat_ids(tokenizer, prompt: str, thinking: bool = False) -> list[int]:
-    """One user turn plus the generation prompt, as token ids (templates without enable_thinking ignore it)."""
-    return list(tokenizer.apply_chat_template([{"role": "user", "content": prompt}], add_generation_prompt=True,
-                                              tokenize=True, return_dict=False, enable_thinking=thinking))
+def chat_ids(tokenizer, prompt: str | list[dict], thinking: bool = False) -> list[int]:
+    """One user turn (or a list of chat messages) plus the generation prompt, as token ids (templates without
+    enable_thinking ignore it)."""
+    messages = [{"role": "user", "content": prompt}] if isinstance(prompt, str) else prompt
+    return list(tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True,
+                                              return_dict=False, enable_thinking=thinking))
 
 
 def encode_prompts(tokenizer, prompts: Sequence[str], max_tokens: int = 300, thinking: bool = False,

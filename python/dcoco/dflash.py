@@ -191,9 +191,32 @@ class Attention(nn.Module):
         v = self.v_proj(kv_in).view(N, -1, self.kv_heads, self.hd).transpose(1, 2)
         cos, sin = rope
         q, k = _rope(q, cos[:, :, -Q:], sin[:, :, -Q:]), _rope(k, cos, sin)
-        # GQA without copies of k/v: query head i uses kv head i // (heads / kv_heads)
-        out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=self.heads != self.kv_heads)
-        return self.o_proj(out.transpose(1, 2).reshape(N, Q, -1))
+        return self.o_proj(_attend(q, k, v, mask).transpose(1, 2).reshape(N, Q, -1))
+
+
+_FUSED_GQA: bool | None = None  # CUDA: whether a fused SDPA kernel took a masked GQA call (found on first use)
+
+
+def _attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """SDPA with GQA (query head i uses kv head i // (heads / kv_heads)) without copying k/v where a kernel reads
+    them shared. On CUDA only a fused kernel may take it: torch's math fallback would materialise the attention
+    weights (about 11 GiB per layer at Qwen3-8B sizes); where none takes a masked GQA call, k/v are copied per
+    query head, which the memory-efficient kernel accepts."""
+    global _FUSED_GQA
+    g = q.shape[1] // k.shape[1]
+    if g == 1 or not q.is_cuda:
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=g > 1)
+    if _FUSED_GQA is not False:
+        from torch.nn.attention import SDPBackend, sdpa_kernel
+
+        try:
+            with sdpa_kernel([SDPBackend.CUDNN_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.FLASH_ATTENTION]):
+                out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=True)
+            _FUSED_GQA = True
+            return out
+        except RuntimeError:  # "no available kernel"
+            _FUSED_GQA = False
+    return F.scaled_dot_product_attention(q, k.repeat_interleave(g, 1), v.repeat_interleave(g, 1), attn_mask=mask)
 
 
 class MLP(nn.Module):

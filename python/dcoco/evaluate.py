@@ -1,8 +1,8 @@
 """What `dcoco eval` runs: speculative decoding against target-only decoding over prompt suites, in the same
 run, with tau, the oracle ceilings, coverage, tokens/s and a greedy losslessness check; results.json and plots.
 
-The core (evaluate, write) takes already-tokenized prompts; the CLI layer (load_suites, encode, run) reads the
-suites and applies the tokenizer's chat template."""
+The core (evaluate, write) takes already-tokenized prompts. `dcoco eval` (run) decodes conversations: the rows
+`dcoco bench` draws, every turn (load_chats, evaluate_chats). The demo reads first turns (load_suites, encode)."""
 
 from __future__ import annotations
 
@@ -146,6 +146,52 @@ def decode_all(target: nn.Module, engines: Mapping[str, Engine], suites: Mapping
     return out, mismatches
 
 
+def load_chats(paths: Sequence[str | Path] | None = None, rows: int | None = 8) -> dict[str, list[list[str]]]:
+    """{suite: the user turns of each chosen row}: `dcoco bench`'s rows (serve_bench.subset: drawn with its seed,
+    the same rows as `dcoco bench --rows N`; None: the paper's subsets; serve_bench.ALL: every row), every turn."""
+    from . import serve_bench
+
+    bad = isinstance(rows, bool) or not isinstance(rows, int) or (rows < 1 and rows != serve_bench.ALL)
+    if rows is not None and bad:
+        raise ValueError(f"rows: expected an integer >= 1, 'all' or None (the paper's subsets), got {rows!r}")
+    try:
+        suites = serve_bench.load(paths)
+    except ValueError as e:
+        raise ValueError(str(e).replace("--suites:", "suites:", 1)) from None
+    return {name: [rs[i]["turns"] for i in serve_bench.subset(name, rs, rows)] for name, rs in suites.items()}
+
+
+def evaluate_chats(target: nn.Module, engine: Engine, tokenizer, chats: Mapping[str, Sequence[Sequence[str]]],
+                   max_new_tokens: int = 64, temperature: float = 0.0, top_p: float = 1.0, top_k: int = 0,
+                   seed: int = 0, thinking: bool = False, progress: bool = True) -> dict:
+    """evaluate() over conversations, every user turn: turn t of a row is decoded in the context of its earlier
+    turns and the target-only answers to them (what a chat server would have answered, so the speculative and
+    target-only decodes see the same prompt). Rounds of decode_all, one per turn index; mismatches carry the turn."""
+    base: dict[str, list[Result]] = {n: [] for n in chats}
+    spec: dict[str, list[Result]] = {n: [] for n in chats}
+    history = {n: [[] for _ in rows] for n, rows in chats.items()}
+    mismatches = []
+    for t in range(max((len(r) for rows in chats.values() for r in rows), default=0)):
+        todo = {n: [i for i, r in enumerate(rows) if len(r) > t] for n, rows in chats.items()}
+        todo = {n: idx for n, idx in todo.items() if idx}
+        for n, idx in todo.items():
+            for i in idx:
+                history[n][i].append({"role": "user", "content": chats[n][i][t]})
+        prompts = {n: [chat_ids(tokenizer, history[n][i], thinking) for i in idx] for n, idx in todo.items()}
+        res, mm = decode_all(target, {"spec": engine}, prompts, max_new_tokens, temperature, top_p, top_k,
+                             seed + 100_003 * t, progress)
+        mismatches += [{"suite": m["suite"], "row": todo[m["suite"]][m["row"]], "turn": t,
+                        "first_diff": m["first_diff"]} for m in mm]
+        for n, idx in todo.items():
+            for j, i in enumerate(idx):
+                answer = res["target-only"][n][j].tokens
+                history[n][i].append({"role": "assistant",
+                                      "content": tokenizer.decode(answer, skip_special_tokens=True)})
+            base[n] += res["target-only"][n]
+            spec[n] += res["spec"][n]
+    return _results(spec, base, mismatches, temperature)
+
+
 def evaluate(target: nn.Module, engine: Engine, suites: Mapping[str, Sequence[list[int]]], max_new_tokens: int = 64,
              temperature: float = 0.0, top_p: float = 1.0, top_k: int = 0, seed: int = 0,
              progress: bool = True) -> dict:
@@ -156,11 +202,17 @@ def evaluate(target: nn.Module, engine: Engine, suites: Mapping[str, Sequence[li
     first_diff} when the engine's output differs from target-only; sampling: lossless is None."""
     res, mismatches = decode_all(target, {"spec": engine}, suites, max_new_tokens, temperature, top_p, top_k, seed,
                                  progress)
-    spec, base = res["spec"], res["target-only"]
-    rows = {name: _row(summarize(spec[name]), summarize(base[name])) for name in suites}
-    overall = _row(summarize([r for rs in spec.values() for r in rs]), summarize([r for rs in base.values() for r in rs]))
+    return _results(res["spec"], res["target-only"],
+                    [{k: v for k, v in m.items() if k != "method"} for m in mismatches], temperature)
+
+
+def _results(spec: Mapping[str, list[Result]], base: Mapping[str, list[Result]], mismatches: list[dict],
+             temperature: float) -> dict:
+    rows = {name: _row(summarize(spec[name]), summarize(base[name])) for name in spec}
+    overall = _row(summarize([r for rs in spec.values() for r in rs]),
+                   summarize([r for rs in base.values() for r in rs]))
     return {"suites": rows, "overall": overall, "lossless": not mismatches if temperature == 0 else None,
-            "mismatches": [{k: v for k, v in m.items() if k != "method"} for m in mismatches]}
+            "mismatches": mismatches}
 
 
 def _fmt(x, spec: str = ".2f") -> str:
@@ -218,18 +270,18 @@ def write(res: dict, out: str | Path) -> list[Path]:
     return paths
 
 
-def run(drafter: str, target: str = "smollm2", suites: Sequence[str] | None = None, rows: int = 8,
+def run(drafter: str, target: str = "smollm2", suites: Sequence[str] | None = None, rows: int | None = 8,
         max_new_tokens: int = 64, temperature: float = 0.0, top_p: float = 1.0, top_k: int = 0,
         corrector: bool = True, rule: str | None = None, lam: float = 0.75, num_candidates: int | None = None,
         seed: int = 0, device: str = "cpu", out: str | Path = "dcoco-eval", progress: bool = True,
         thinking: bool = False) -> dict:
-    """Everything `dcoco eval` does: load the target and the drafter checkpoint (DFlash or DCOCO), evaluate,
-    print the table, write under out. rule / num_candidates default to the checkpoint's dcoco_config (greedy /
-    16 without one). Exits loudly (stderr) on a greedy losslessness failure; the caller sets the exit code."""
+    """Everything `dcoco eval` does: load the target and the drafter checkpoint (DFlash or DCOCO), evaluate every
+    turn of `rows` rows per suite (load_chats), print the table, write under out. rule / num_candidates default to
+    the checkpoint's dcoco_config (greedy / 16 without one). Exits loudly (stderr) on a greedy losslessness failure; the caller sets the exit code."""
     from . import checkpoint
     from .recipe import load_target
 
-    texts = load_suites(suites, rows)  # before the slow loads: a bad path fails at once
+    chats = load_chats(suites, rows)  # before the slow loads: a bad path fails at once
     tok, model = load_target(target)
     model.to(device)
     d, c = checkpoint.load(drafter, dtype=next(model.parameters()).dtype, device=device)  # the target's dtype
@@ -237,10 +289,13 @@ def run(drafter: str, target: str = "smollm2", suites: Sequence[str] | None = No
     engine = Engine(model, d.eval(), c.eval() if corrector and c is not None else None,
                     rule=rule or dc.get("selection", "greedy"), lam=lam,
                     num_candidates=num_candidates or dc.get("num_candidates", 16))
-    res = evaluate(model, engine, encode(tok, texts, thinking), max_new_tokens, temperature, top_p, top_k, seed,
-                   progress)
+    res = evaluate_chats(model, engine, tok, chats, max_new_tokens, temperature, top_p, top_k, seed, thinking,
+                         progress)
     res["config"] = {"drafter": str(drafter), "target": target, "corrector": engine.corrector is not None,
-                     "rule": engine.rule, "lam": lam, "num_candidates": engine.K, "rows": rows,
+                     "rule": engine.rule, "lam": lam, "num_candidates": engine.K,
+                     "rows": "paper" if rows is None else "all" if rows < 1 else rows,
+                     "conversations": {n: len(c) for n, c in chats.items()},
+                     "turns": {n: sum(map(len, c)) for n, c in chats.items()},
                      "max_new_tokens": max_new_tokens, "temperature": temperature, "top_p": top_p, "top_k": top_k,
                      "seed": seed, "device": device, "thinking": thinking}
     print(table(res))
