@@ -5,7 +5,8 @@
 #   2. runs tests/test_cuda.py + test_select.py on CUDA under both backends, against the literal reference
 #      (every fused kernel path, CUDA-graph capture and replay of both backends, backward);
 #   3. runs compute-sanitizer memcheck and racecheck on a small fused case;
-#   4. runs a 20-step `dcoco train --mode joint` on a tiny random target under each backend;
+#   4. runs `dcoco train --mode joint` on a tiny random target under each backend: fused with online features
+#      and gradient checkpointing (50 steps), native from a feature cache (20 steps);
 #   5. times fused vs native vs the reference (bench/gpu_bench.py);
 #   6. if vLLM is on the device image: serves a tiny target with a tiny DCOCO drafter on vLLM's GPU runner, CUDA
 #      graphs on; greedy output must equal no speculation, and the corrector must have drafted
@@ -49,9 +50,11 @@ for tool in memcheck racecheck; do
   log "compute-sanitizer $tool: exit $(cat "$W/sanitizer_$tool.rc")"
 done
 
-# 4. training smoke, each backend
+# 4. training smoke, each backend: fused with the target's features captured online (the default on CUDA) and
+#    gradient checkpointing, 50 steps; native from a feature cache
 for b in fused native; do
-  DCOCO_BACKEND=$b timeout 45 python3 bench/gpu_train_smoke.py --device cuda --steps 20 2>"$W/train_$b.err" \
+  case $b in fused) how="--steps 50 --features online --grad-checkpoint" ;; *) how="--steps 20 --features cache" ;; esac
+  DCOCO_BACKEND=$b timeout 45 python3 bench/gpu_train_smoke.py --device cuda $how 2>"$W/train_$b.err" \
     | tail -1 >"$W/train_$b.json"
   log "train smoke ($b): $(cat "$W/train_$b.json")"
 done

@@ -277,7 +277,8 @@ def run(drafter: str, target: str = "smollm2", suites: Sequence[str] | None = No
         thinking: bool = False) -> dict:
     """Everything `dcoco eval` does: load the target and the drafter checkpoint (DFlash or DCOCO), evaluate every
     turn of `rows` rows per suite (load_chats), print the table, write under out. rule / num_candidates default to
-    the checkpoint's dcoco_config (greedy / 16 without one). Exits loudly (stderr) on a greedy losslessness failure; the caller sets the exit code."""
+    the checkpoint's dcoco_config (greedy / 16 without one). Exits loudly (stderr) on a greedy losslessness
+    failure; the caller sets the exit code."""
     from . import checkpoint
     from .recipe import load_target
 

@@ -285,8 +285,8 @@ def estimate(target, drafter: DFlashConfig, cfg: TrainConfig, world: int = 1, se
     rows.append(("corrector + L_corr: saved", corr, how))
 
     # the largest transient on top: an LM-head chunk (the logits, their float32 copy and log-softmax; in backward
-    # the log-softmax, its gradient and nll's), a drafter layer's backward (MLP: 3 (T,I) gradients; attention: q/k/v gradients;
-    # recomputed first under grad_checkpoint), the native corrector's chunk
+    # the log-softmax, its gradient and nll's), a drafter layer's backward (MLP: 3 (T,I) gradients; attention:
+    # q/k/v gradients; recomputed first under grad_checkpoint), the native corrector's chunk
     rows_c = min(step, Rh)
     head_t = rows_c * V * (a + F32 + F32 * cuda)
     if dflash_grad:
