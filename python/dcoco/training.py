@@ -236,7 +236,7 @@ class TrainResult:
     drafter: DFlashDrafter
     corrector: Corrector | None
     step: int
-    history: list[dict]   # one record per step of this session: losses, tau, lr (global over ranks)
+    history: list[dict]   # one record per step of this session: losses, tau, lr (global over ranks), seconds
 
 
 def init_distributed(timeout_minutes: float = TrainConfig.dist_timeout) -> tuple[int, int]:
@@ -338,6 +338,7 @@ def train(cfg: TrainConfig, corpus: Corpus | TokenCorpus, embed: torch.Tensor, h
     saver = Saver()
     bar = tqdm(total=total, initial=start, desc=f"train {cfg.mode}", disable=rank != 0 or not progress)
     while step < end:
+        t_step = time.monotonic()
         opt.zero_grad(set_to_none=True)
         parts = []
         for m in range(accum):  # gradients summed over micro-batches; DDP all-reduces after the last only
@@ -357,6 +358,7 @@ def train(cfg: TrainConfig, corpus: Corpus | TokenCorpus, embed: torch.Tensor, h
         step += 1
         rec = _record(res, step, lr, cfg.max_time is not None and time.monotonic() - t0 > cfg.max_time, world, dev)
         stop = rec.pop("stop")
+        rec["seconds"] = time.monotonic() - t_step  # this rank's wall time for the step, features included
         history.append(rec)
         if rank == 0:
             _log(out, rec, bar, history, cfg.log_every)
