@@ -95,8 +95,8 @@ def test_chats_rows_as_bench_draws_them_every_turn_in_context(target, drafter, t
         ev.load_chats([tmp_path / "nope"])
     rounds, decode_all = [], ev.decode_all
 
-    def spy(target, engines, prompts, *args):
-        out = decode_all(target, engines, prompts, *args)
+    def spy(target, engines, prompts, *args, **kw):
+        out = decode_all(target, engines, prompts, *args, **kw)
         rounds.append((prompts["s"], [r.tokens for r in out[0]["target-only"]["s"]]))
         return out
 

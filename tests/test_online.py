@@ -18,6 +18,7 @@ pytest.importorskip("transformers", reason="training needs the demo extra (pip i
 from dcoco import cli, corpus as corpus_mod, recipe, tiny  # noqa: E402
 from dcoco.online import TargetFeatures, TokenCorpus  # noqa: E402
 from dcoco.training import Schedule, TrainConfig, collate, train  # noqa: E402
+from test_training import WRAPPER  # noqa: E402
 
 SETTINGS = corpus_mod.CorpusSettings(tiny.TAPS, max_new_tokens=24, gen_batch=4, feat_batch=4)
 
@@ -125,24 +126,6 @@ def test_recipe_online_from_prompts_generates_what_the_cache_does(target_dir, ca
         recipe.run(cfg, **{**kw, "features": "disk"})
 
 
-WRAPPER = """
-import hashlib, sys, torch, torch.distributed as dist
-from dcoco import cli, online, recipe
-init, kind = online.TargetFeatures.__init__, []
-def spy(self, *a, **k):  # what the target's weights became
-    init(self, *a, **k)
-    kind.append(type(self.decoder.layers[0].mlp.up_proj.weight).__name__)
-online.TargetFeatures.__init__ = spy
-cfg, kw = cli.train_options(cli.parser().parse_args(sys.argv[2:]))
-res = recipe.run(cfg, **kw)
-h = hashlib.sha256()
-for m in (res.drafter, res.corrector):
-    for v in m.state_dict().values():
-        h.update(v.detach().cpu().numpy().tobytes())
-open(f"{sys.argv[1]}/rank{dist.get_rank()}.txt", "w").write(h.hexdigest() + " " + kind[0])
-"""
-
-
 def test_torchrun_sharded_target_changes_nothing(target_dir, data_dir, tmp_path):
     """2 gloo ranks, joint mode, online features from a data folder, held-out evaluation with unequal shares: the
     FSDP2-sharded target gives bit for bit the run of the unsharded one."""
@@ -160,7 +143,8 @@ def test_torchrun_sharded_target_changes_nothing(target_dir, data_dir, tmp_path)
         r = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=180)
         assert r.returncode == 0, r.stderr[-3000:]
         ranks = [(run / f"rank{i}.txt").read_text() for i in (0, 1)]
-        assert ranks[0] == ranks[1] and ranks[0].endswith(" DTensor" if shard else " Parameter")
+        weights = {(run / f"rank{i}.target").read_text() for i in (0, 1)}
+        assert ranks[0] == ranks[1] and weights == {"DTensor" if shard else "Parameter"}
         sums[shard] = ranks[0].split()[0]
         evals = (run / "out" / "eval.jsonl").read_text().splitlines()
         assert [json.loads(e)["step"] for e in evals] == [2, 3]

@@ -396,9 +396,17 @@ out = "{tmp_path / 's2'}"
         cli.main(argv)
 
 
+# `dcoco train` under torchrun: each rank writes rank<R>.txt (a hash of the trained weights and the backend) and,
+# with online features, rank<R>.target (what the target's weights became: Parameter, or DTensor when sharded)
 WRAPPER = """
 import hashlib, sys, torch, torch.distributed as dist
-from dcoco import backend, cli, recipe
+from dcoco import backend, cli, online, recipe
+init = online.TargetFeatures.__init__
+def spy(self, *a, **k):
+    init(self, *a, **k)
+    w = type(self.decoder.layers[0].mlp.up_proj.weight).__name__
+    open(f"{sys.argv[1]}/rank{dist.get_rank()}.target", "w").write(w)
+online.TargetFeatures.__init__ = spy
 cfg, kw = cli.train_options(cli.parser().parse_args(sys.argv[2:]))
 res = recipe.run(cfg, **kw)
 h = hashlib.sha256()

@@ -106,7 +106,8 @@ def _row(spec: dict, base: dict) -> dict:
 @torch.no_grad()
 def decode_all(target: nn.Module, engines: Mapping[str, Engine], suites: Mapping[str, Sequence[list[int]]],
                max_new_tokens: int = 64, temperature: float = 0.0, top_p: float = 1.0, top_k: int = 0,
-               seed: int = 0, progress: bool = True) -> tuple[dict[str, dict[str, list[Result]]], list[dict]]:
+               seed: int = 0, progress: bool = True, warm_up: bool = True
+               ) -> tuple[dict[str, dict[str, list[Result]]], list[dict]]:
     """Decode every prompt (token ids) of every suite target-only, then with each engine in turn, so all see the
     same machine state. Returns ({"target-only" or engine name: {suite: [Result]}}, mismatches): greedy
     decodes must reproduce target-only exactly; a mismatch is {method, suite, row, first_diff}."""
@@ -118,9 +119,10 @@ def decode_all(target: nn.Module, engines: Mapping[str, Engine], suites: Mapping
     greedy = temperature == 0
     eos = list(next(iter(engines.values())).eos)
     first = next(iter(suites.values()))[0]
-    target_only(target, first, 2, **kw)  # warm-up: the first call of each path pays one-off costs
-    for e in engines.values():
-        e.generate(first, 2, **kw)
+    if warm_up:  # the first call of each path pays one-off costs
+        target_only(target, first, 2, **kw)
+        for e in engines.values():
+            e.generate(first, 2, **kw)
     bar = tqdm(total=sum(map(len, suites.values())) * (1 + len(engines)), desc="eval", unit="decode",
                disable=not progress)
     out: dict[str, dict[str, list[Result]]] = {m: {} for m in ("target-only", *engines)}
@@ -154,10 +156,7 @@ def load_chats(paths: Sequence[str | Path] | None = None, rows: int | None = 8) 
     bad = isinstance(rows, bool) or not isinstance(rows, int) or (rows < 1 and rows != serve_bench.ALL)
     if rows is not None and bad:
         raise ValueError(f"rows: expected an integer >= 1, 'all' or None (the paper's subsets), got {rows!r}")
-    try:
-        suites = serve_bench.load(paths)
-    except ValueError as e:
-        raise ValueError(str(e).replace("--suites:", "suites:", 1)) from None
+    suites = serve_bench.load(paths, "suites")
     return {name: [rs[i]["turns"] for i in serve_bench.subset(name, rs, rows)] for name, rs in suites.items()}
 
 
@@ -179,7 +178,7 @@ def evaluate_chats(target: nn.Module, engine: Engine, tokenizer, chats: Mapping[
                 history[n][i].append({"role": "user", "content": chats[n][i][t]})
         prompts = {n: [chat_ids(tokenizer, history[n][i], thinking) for i in idx] for n, idx in todo.items()}
         res, mm = decode_all(target, {"spec": engine}, prompts, max_new_tokens, temperature, top_p, top_k,
-                             seed + 100_003 * t, progress)
+                             seed + 100_003 * t, progress, warm_up=t == 0)
         mismatches += [{"suite": m["suite"], "row": todo[m["suite"]][m["row"]], "turn": t,
                         "first_diff": m["first_diff"]} for m in mm]
         for n, idx in todo.items():

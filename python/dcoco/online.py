@@ -17,6 +17,7 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
+from .corpus import generate, token_ids
 from .head import chunk_rows
 
 
@@ -96,8 +97,6 @@ def shared_responses(model, prompt_ids: Sequence[Sequence[int]], folder: Path, s
                      ) -> list[tuple[list[int], list[int]]]:
     """[(prompt, response)] generated greedily by the target, each rank its share (prompts rank::world), kept in
     folder/part-R.json so that a rerun skips generation; every rank returns all of them, in prompt order."""
-    from .corpus import generate, token_ids
-
     rank, world = (dist.get_rank(), dist.get_world_size()) if dist.is_initialized() else (0, 1)
     folder.mkdir(parents=True, exist_ok=True)
     mine = folder / f"part-{rank}.json"

@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import os
 from pathlib import Path
+from types import SimpleNamespace
 
 import torch
 import torch.distributed as dist
@@ -164,8 +165,7 @@ def plan(cfg: TrainConfig, target: str = SMOLLM2, init: str | None = None, layer
         raw = json.loads((local_checkpoint(init) / "config.json").read_text())
         dcfg = DFlashConfig.from_dict(raw, architectures=(DFLASH, ARCHITECTURE))
     else:
-        class Shape:  # drafter_config reads the target's sizes only; the mask id does not change memory
-            config = tcfg
-        dcfg = drafter_config(Shape, None, layers, target_layer_ids, block_size, 0, smollm2_target=target == SMOLLM2)
+        shape = SimpleNamespace(config=tcfg)  # drafter_config reads only the sizes; the mask id changes no memory
+        dcfg = drafter_config(shape, None, layers, target_layer_ids, block_size, 0, smollm2_target=target == SMOLLM2)
     online = features == "online" or (features == "auto" and cuda)
     return memplan.estimate(tcfg, dcfg, cfg, world, seq_len, shard_target, online, cuda, device_bytes)

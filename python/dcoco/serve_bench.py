@@ -78,7 +78,7 @@ def order(names) -> list[str]:
     return sorted(names, key=lambda n: (list(SUITES).index(n) if n in SUITES else len(SUITES), n))
 
 
-def _read(path: Path) -> list[dict]:
+def _read(path: Path, arg: str = "--suites") -> list[dict]:
     rows = []
     for i, line in enumerate(path.read_text(encoding="utf-8").split("\n")):
         if not line.strip():
@@ -87,19 +87,19 @@ def _read(path: Path) -> list[dict]:
             row = json.loads(line)
             turns = row["turns"]
         except (json.JSONDecodeError, KeyError, TypeError):
-            raise ValueError(f"--suites: {path} line {i + 1}: expected {{\"turns\": [...]}}") from None
+            raise ValueError(f"{arg}: {path} line {i + 1}: expected {{\"turns\": [...]}}") from None
         if not (isinstance(turns, list) and turns and all(isinstance(t, str) for t in turns)):
-            raise ValueError(f"--suites: {path} line {i + 1}: turns must be a non-empty list of strings")
+            raise ValueError(f"{arg}: {path} line {i + 1}: turns must be a non-empty list of strings")
         rows.append({"turns": turns, **({"category": row["category"]} if "category" in row else {})})
     if not rows:
-        raise ValueError(f"--suites: {path} has no rows")
+        raise ValueError(f"{arg}: {path} has no rows")
     return rows
 
 
-def load(paths: Sequence[str | Path] | None = None) -> dict[str, list[dict]]:
+def load(paths: Sequence[str | Path] | None = None, arg: str = "--suites") -> dict[str, list[dict]]:
     """{suite (file stem): rows {"turns": [...], "category"?}} in table order, every turn kept. paths: folders
-    (every *.jsonl in them) or .jsonl files; None = default_suites()."""
-    out = {f.stem: _read(f) for f in suite_files(paths, "--suites")}
+    (every *.jsonl in them) or .jsonl files; None = default_suites(). arg: the name errors give the paths."""
+    out = {f.stem: _read(f, arg) for f in suite_files(paths, arg)}
     return {n: out[n] for n in order(out)}
 
 
