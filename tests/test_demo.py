@@ -23,12 +23,15 @@ def test_demo_smoke_trains_evaluates_and_caches(tmp_path, monkeypatch):
     assert all(h[k] is not None for k in KEYS) and h["lossless"] is True
     assert set(h["coverage"]) == {"1", "2", "4", "8", "16"} and len(h["coverage"]["16"]) == demo.BLOCK - 1
     assert h["tau_dflash"] >= 1 and h["tau_oracle_prefix_first"] >= h["tau_dflash"]
+    lo, hi = h["tau_ratio_ci"]  # paired bootstrap over the simulated prompts
+    assert lo <= h["tau_ratio_dcoco_over_dflash"] <= hi and h["simulated_prompts"] == 2 * demo.SIZES["smoke"].sim_rows
+    assert h["tau_dflash2"] >= 1 and h["coverage_seen"][0] >= h["coverage_seen"][-1] > 0
     for suffix in ("tau", "coverage", "training"):
         assert (tmp_path / "out" / f"demo-smollm2-smoke-{suffix}.png").stat().st_size > 0
     work = tmp_path / "cache" / "demo-smoke"
     assert {s: v["steps"] for s, v in res["training"].items()} == \
-        {"dflash": 3, "dflash-long": 2, "dcoco-drafter": 2, "corrector": 2}
-    assert {v["mode"] for v in res["training"].values()} == {"drafter", "joint", "corrector"}
+        {"dflash": 3, "dflash-long": 2, "dcoco-drafter": 2, "corrector": 2, "dflash2": 2}
+    assert {v["mode"] for v in res["training"].values()} == {"drafter", "joint", "frozen drafter, cached outputs"}
     drafter, corrector = checkpoint.load(work / "dcoco-drafter")  # the serving layout, corrector included
     assert corrector is not None and drafter.config.block_size == demo.BLOCK
     assert checkpoint.load(work / "dflash")[1] is None

@@ -284,3 +284,27 @@ def test_dflash_loss_errors(kwargs, exc, name):
     args.update(kwargs)
     with pytest.raises(exc, match=name):
         dflash_loss(**args)
+
+
+def test_init_from_target_copies_layers_by_name():
+    transformers = pytest.importorskip("transformers", reason="a transformers target needs the demo or train extra")
+    torch.manual_seed(0)
+    cfg = transformers.LlamaConfig(vocab_size=V, hidden_size=D, intermediate_size=128, num_hidden_layers=4,
+                                   num_attention_heads=4, num_key_value_heads=2)
+    target = transformers.LlamaForCausalLM(cfg).eval()
+    for p in target.parameters():  # norms start at one: make every tensor distinct
+        torch.nn.init.normal_(p)
+    d = DFlashDrafter(tiny_config())
+    fc, q_norm = d.fc.weight.clone(), d.layers[0].self_attn.q_norm.weight.clone()
+    copied = d.init_from_target(target)
+    src = target.model.layers
+    assert torch.equal(d.layers[0].self_attn.q_proj.weight, src[2].self_attn.q_proj.weight)  # the last two layers
+    assert torch.equal(d.layers[1].mlp.down_proj.weight, src[3].mlp.down_proj.weight)
+    assert torch.equal(d.layers[1].post_attention_layernorm.weight, src[3].post_attention_layernorm.weight)
+    assert torch.equal(d.norm.weight, target.model.norm.weight) and "norm.weight" in copied
+    assert torch.equal(d.fc.weight, fc) and torch.equal(d.layers[0].self_attn.q_norm.weight, q_norm)  # no source
+    assert len(copied) == 2 * 9 + 1  # q, k, v, o, gate, up, down, two norms per layer; the final norm
+    d.init_from_target(target, [0, 1])
+    assert torch.equal(d.layers[0].self_attn.v_proj.weight, src[0].self_attn.v_proj.weight)
+    with pytest.raises(ValueError, match="layer_ids"):
+        d.init_from_target(target, [0, 9])

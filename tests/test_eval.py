@@ -46,7 +46,8 @@ def test_core_results_and_plots(target, drafter, tmp_path, with_corrector):
         assert set(r["coverage"]) == set(KS) and len(r["coverage"][1]) == dflash_cfg(64).block_size - 1
         assert with_corrector or r["transition_hit_rate"] is None  # with one: None when no pair was in the top-K
         assert r["spec"]["tokens"] == r["target_only"]["tokens"]
-    assert res["overall"]["spec"]["tokens"] == 12 * 3
+        assert r["tau_ci"] is None if r["prompts"] < 2 else r["tau_ci"][0] <= r["tau"] <= r["tau_ci"][1]
+    assert res["overall"]["spec"]["tokens"] == 12 * 3 and res["overall"]["prompts"] == 3
     assert "overall" in table(res)
     paths = write(res, tmp_path / "out")
     saved = json.loads(paths[0].read_text())

@@ -20,7 +20,7 @@ def parser() -> argparse.ArgumentParser:
                       help="a few steps of everything (about 2 min; what CI runs)")
     demo.set_defaults(size="default")
     demo.add_argument("--device", default="cpu", help="cpu or cuda (%(default)s)")
-    demo.add_argument("--suites", help="folder of the evaluation suites (default: ../shared/data/eval)")
+    demo.add_argument("--suites", help="folder of the evaluation suites (default: the 8 shipped in dcoco/data/suites)")
     demo.add_argument("--out", help="folder for the JSON and plots (default: the demo's cache folder)")
     demo.add_argument("--no-progress", action="store_true")
     sub.add_parser("info", help="how dcoco was built, and the backend each visible device gets and why")
@@ -195,7 +195,7 @@ def _eval_parser(p: argparse.ArgumentParser) -> None:
     p.add_argument("--lam", type=float, default=0.75, help="geometric weight (%(default)s)")
     p.add_argument("--candidates", type=int, help="K per slot (default: the checkpoint's, else 16)")
     p.add_argument("--suites", nargs="+", help="folders of *.jsonl suites or .jsonl files "
-                                               "(default: ../shared/data/eval next to the repository)")
+                                               "(default: the 8 suites shipped in dcoco/data/suites)")
     p.add_argument("--hub", action="store_true", help="fetch suites from the Hugging Face hub (not supported yet)")
     p.add_argument("--rows", default="8", help="rows per suite, drawn as `dcoco bench --rows N` draws them (the "
                                                "same rows), 'all', or 'paper' (the paper's subsets); every turn "
@@ -217,7 +217,8 @@ def _bench_parser(p: argparse.ArgumentParser) -> None:
     p.add_argument("--out", help="run folder: requests.jsonl, batches.jsonl, run.json, table.md, PNGs (required); "
                                  "rerunning with the same --out resumes: requests done are kept, failed ones redone")
     p.add_argument("--suites", nargs="+", help="folders of *.jsonl suites or .jsonl files, every turn of each "
-                                               "{\"turns\": [...]} line used (default: ../shared/data/eval)")
+                                               "{\"turns\": [...]} line used (default: the suites shipped in "
+                                               "dcoco/data/suites)")
     p.add_argument("--only", help="comma-separated suite names (default: every suite found)")
     p.add_argument("--hub", action="store_true", help="fetch Alpaca and SPEED-Bench from the Hugging Face hub when "
                                                       "--suites lacks them (needs `datasets` and a network)")

@@ -48,6 +48,15 @@ class Corrector(nn.Module):
         return (f"hidden_size={self.hidden_size}, num_candidates={self.num_candidates}, width={self.width}, "
                 f"mlp_hidden={self.mlp_hidden}")
 
+    def flops(self, B: int, K: int) -> dict[str, int]:
+        """Multiply-adds x 2 for one block of B slots and K candidates, without the prepared embedding table:
+        "grid" scores all (B-1) K^2 transitions (what L_corr and the path rules use), "greedy" only the chosen
+        predecessor's row per slot (the prefix-first walk dcoco serves)."""
+        d, r, H = self.hidden_size, self.width, self.mlp_hidden
+        fixed = B * K * d * r + B * d * r + B * K * 2 * r * r + (B - 1) * 2 * d * r
+        pair = (3 * r + 2) * H + H
+        return {"grid": 2 * (fixed + (B - 1) * K * K * pair), "greedy": 2 * (fixed + (B - 1) * K * pair)}
+
     def weights(self) -> tuple[torch.Tensor, ...]:
         """The ten weight tensors in the order the dcoco ops take them (_ops.WEIGHTS)."""
         return (self.cand_proj.weight, self.ctx_proj.weight, self.fuse_proj.weight, self.fuse_norm.weight,

@@ -7,10 +7,14 @@ CPU or GPU.
 3. DCOCO, the paper's recipe: that drafter trained on jointly with a fresh corrector (DFlash loss + L_corr) for
    `joint_steps` more steps. The DFlash baseline gets the same budget: the same drafter trained on alone for
    `joint_steps` more steps (dflash-long), so extra training is not credited to the corrector.
-4. corrector: a corrector trained on the frozen dflash-long drafter (L_corr only): the baseline, corrected.
-5. eval: prompts from rows of ../shared/data/eval that no training prompt came from, decoded target-only and
-   by every method in turn (same machine state): tau, tokens/s, speedup, coverage, the prefix-first oracle, and
-   a greedy losslessness check.
+4. corrector and dflash2: on the frozen dflash-long drafter, one contract (frozen.py): the drafter's outputs are
+   cached once over the corpus, then DCOCO's corrector (L_corr) and DFlash2's candidate selector (selector.py,
+   the baseline corrector) train on them with the same steps, batch and optimizer.
+5. eval: prompts from rows of the paper's suites (shipped in data/suites) that no training prompt came from.
+   tau, its ratios over DFlash with paired 95% bootstrap CIs, the oracles and teacher-forced coverage come from
+   greedy decoding simulated exactly (simulate.py: one target pass per prompt, every method on sim_rows prompts
+   per suite); tokens/s, speedup and the greedy losslessness check from real decoding of a few of them,
+   target-only and by every method in turn (same machine state).
 
 Every stage is cached under $DCOCO_CACHE (~/.cache/dcoco): the corpus under corpus/, the trained checkpoints
 (serving layout) under demo/ (demo-full/, demo-smoke/ for the other sizes); an interrupted run resumes and a
@@ -26,9 +30,13 @@ import time
 from importlib import resources
 from pathlib import Path
 
-from . import checkpoint, corpus, smollm2
+import torch
+from safetensors.torch import load_file, save_file
+
+from . import checkpoint, corpus, frozen, simulate, smollm2
 from . import plots as figures  # demo.plots draws the demo's figures
 from .corrector import Corrector
+from .selector import CandidateSelector
 from .dflash import DFlashDrafter
 from .recipe import SMOLLM2, SMOLLM2_TAPS, cache_dir, drafter_config, load_target
 from .evaluate import coverage_plot, decode_all, default_suites, encode, load_suites
@@ -42,6 +50,10 @@ TRAIN_ROWS = {"gsm8k": 250, "math500": 150, "mbpp": 120, "humaneval": 80, "arena
               "livecodebench": 1000}
 CORPUS_FILE = "smollm2-corpus.npz"
 LAYERS, BLOCK = 3, 8  # 3 layers cost little next to the 49k-row LM head; 99% of rounds commit <= 4 tokens
+# the frozen-drafter correctors (DCOCO's and DFlash2's selector): blocks cached per sequence, blocks per step, the
+# selector's codebook rank
+FROZEN_ANCHORS, FROZEN_BATCH, SELECTOR_RANK = 64, 256, 32
+DFLASH2 = "DFlash + DFlash2 selector (frozen drafter)"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -54,16 +66,18 @@ class Size:
     rows: int              # evaluated prompts per suite
     max_new_tokens: int
     rules: tuple[str, ...]  # DCOCO path rules evaluated
+    sim_rows: int           # prompts per suite in the simulated evaluation (tau and its CIs; simulate.py)
+    sim_tokens: int         # their max new tokens
 
     def __post_init__(self):
-        assert self.rows <= EVAL_ROWS_RESERVED, "evaluated rows must stay clear of the training rows"
+        assert max(self.rows, self.sim_rows) <= EVAL_ROWS_RESERVED, "evaluated rows must stay clear of training"
 
 
 ALL_SUITES = ("gsm8k", "math500", "aime25", "humaneval", "mbpp", "livecodebench", "mt-bench", "arena-hard-v2")
-SIZES = {
-    "smoke": Size(16, 3, 2, 2, ("gsm8k", "mbpp"), 1, 12, ("greedy",)),
-    "default": Size(400, 200, 120, 150, ("gsm8k", "math500", "humaneval", "mt-bench"), 2, 48, ("greedy",)),
-    "full": Size(None, 1300, 800, 1200, ALL_SUITES, 4, 64, ("greedy", "global", "geometric")),
+SIZES = {  # rows / max_new_tokens: real decoding (tokens/s, losslessness); sim_*: the simulated tau with CIs
+    "smoke": Size(16, 3, 2, 2, ("gsm8k", "mbpp"), 1, 12, ("greedy",), 3, 16),
+    "default": Size(400, 200, 120, 150, ("gsm8k", "math500", "humaneval", "mt-bench"), 2, 48, ("greedy",), 32, 64),
+    "full": Size(None, 1300, 800, 1200, ALL_SUITES, 2, 64, ("greedy", "global", "geometric"), 32, 128),
 }
 
 
@@ -107,9 +121,10 @@ def _stage(out: Path, cfg: TrainConfig, data: corpus.Corpus, embed, head, drafte
 
 
 def train_all(size: Size, work: Path, data: corpus.Corpus, model, tok, device: str, progress: bool) -> dict:
-    """{name: (drafter, corrector, info)} for dflash (from scratch), dflash-long (dflash + joint_steps DFlash-only
-    steps: the baseline), dcoco-drafter (dflash + joint_steps joint steps with a fresh corrector) and corrector
-    (on the frozen dflash-long drafter). Training mutates its drafter, hence the copies."""
+    """{name: (drafter, corrector or selector, info)} for dflash (from scratch), dflash-long (dflash + joint_steps
+    DFlash-only steps: the baseline), dcoco-drafter (dflash + joint_steps joint steps with a fresh corrector), and
+    on the frozen dflash-long drafter's cached outputs (frozen.py, one contract): corrector (DCOCO, L_corr) and
+    dflash2 (DFlash2's selector), corrector_steps each. Training mutates its drafter, hence the copies."""
     embed = model.get_input_embeddings().weight.detach()
     head = model.get_output_embeddings().weight.detach()
     dcfg = drafter_config(model, tok, LAYERS, SMOLLM2_TAPS, BLOCK, smollm2.MASK_TOKEN_ID)
@@ -122,31 +137,60 @@ def train_all(size: Size, work: Path, data: corpus.Corpus, model, tok, device: s
     for name, mode in (("dflash-long", "drafter"), ("dcoco-drafter", "joint")):
         out[name] = _stage(work / name, cfg(mode, size.joint_steps), data, embed, head,
                            copy.deepcopy(out["dflash"][0]), progress=progress)
-    out["corrector"] = _stage(work / "corrector", cfg("corrector", size.corrector_steps), data, embed, head,
-                              out["dflash-long"][0], progress=progress)
+    base = out["dflash-long"][0]
+    cache = None
+    for name, make in (("corrector", lambda: Corrector(base.config.hidden_size)),
+                       ("dflash2", lambda: CandidateSelector(base.config.hidden_size, base.config.vocab_size,
+                                                             SELECTOR_RANK))):
+        done = work / name / "done.json"
+        if done.is_file():
+            out[name] = (base, _load_frozen(work / name), json.loads(done.read_text()))
+            continue
+        if cache is None:
+            t = time.monotonic()
+            cache = frozen.build(base.to(device).eval(), data, embed.to(device), head.to(device),
+                                 anchors=FROZEN_ANCHORS, path=work / "drafts.safetensors", progress=progress)
+            cache_seconds = time.monotonic() - t
+        torch.manual_seed(0)
+        m = make()
+        info = {"mode": "frozen drafter, cached outputs", **frozen.train(m, cache, embed, size.corrector_steps,
+                                                                           FROZEN_BATCH, progress=progress),
+                "cached_blocks": len(cache["target"]), "cache_seconds": cache_seconds,
+                "parameters": sum(p.numel() for p in m.parameters())}
+        (work / name).mkdir(parents=True, exist_ok=True)
+        save_file(m.state_dict(), str(work / name / "model.safetensors"))
+        done.write_text(json.dumps(info, indent=2) + "\n")
+        out[name] = (base, m, info)
     return out
 
 
+def _load_frozen(path: Path) -> Corrector | CandidateSelector:
+    sd = load_file(str(path / "model.safetensors"))
+    if "pred.weight" in sd:
+        m = CandidateSelector(sd["proj.weight"].shape[1], sd["pred.weight"].shape[0], sd["pred.weight"].shape[1])
+    else:
+        m = Corrector(sd["cand_proj.weight"].shape[1], width=sd["cand_proj.weight"].shape[0],
+                      mlp_hidden=sd["mlp.0.weight"].shape[0])
+    m.load_state_dict(sd)
+    return m.eval()
+
+
 def methods(trained: dict, rules: tuple[str, ...]) -> dict[str, tuple]:
-    """{method: (drafter, corrector or None, rule)}, DFlash (the baseline with DCOCO's budget) first."""
+    """{method: (drafter, corrector / selector or None, rule)}, DFlash (the baseline with DCOCO's budget) first."""
     d0, _, _ = trained["dflash-long"]
     d1, c1, _ = trained["dcoco-drafter"]
-    _, c2, _ = trained["corrector"]
     out = {"DFlash": (d0, None, "greedy")}
     out.update({f"DCOCO {r}": (d1, c1, r) for r in rules})
     out["DCOCO drafter, corrector off"] = (d1, None, "greedy")
-    out["DFlash + corrector (frozen drafter)"] = (d0, c2, "greedy")
+    out["DFlash + corrector (frozen drafter)"] = (d0, trained["corrector"][1], "greedy")
+    out[DFLASH2] = (d0, trained["dflash2"][1], "greedy")
     return out
 
 
 def eval_texts(names: tuple[str, ...], rows: int, suites_dir=None) -> dict[str, list[str]]:
-    """The first rows of each named suite found in suites_dir (default ../shared/data/eval, the paper's suites;
-    without them, the small held-out set shipped in data/eval, written for dcoco and never trained on)."""
+    """The first rows of each named suite found in suites_dir (default: the paper's suites shipped in
+    data/suites; a folder without them: every suite in it)."""
     root = Path(suites_dir) if suites_dir else default_suites()
-    if not suites_dir and not root.is_dir():
-        print(f"dcoco demo: no evaluation suites at {root}; evaluating dcoco's own held-out prompts instead "
-              f"(pass --suites for others)")
-        root = Path(str(resources.files("dcoco") / "data" / "eval"))
     files = [root / f"{n}.jsonl" for n in names]
     return load_suites([f for f in files if f.is_file()] or [root], rows)
 
@@ -164,77 +208,134 @@ def evaluate_all(model, engines: dict[str, Engine], prompts: dict[str, list], ma
     return out
 
 
-def headline(ev: dict, rules: tuple[str, ...]) -> dict:
-    """The issue's keys: tau / tokens per second of target-only, DFlash and DCOCO (the jointly trained drafter
-    with its corrector, greedy rule), the prefix-first oracle tau and coverage of the DFlash run."""
-    m = ev["methods"]
-    base, dfl, dco = m["target-only"]["overall"], m["DFlash"]["overall"], m[f"DCOCO {rules[0]}"]["overall"]
-    frozen = m["DFlash + corrector (frozen drafter)"]["overall"]
+def headline(ev: dict, sim: dict, rules: tuple[str, ...]) -> dict:
+    """The issue-5 keys and their CIs. tau, ratios and coverage come from the simulated evaluation (sim, every
+    method on the same prompts; ratios over the DFlash baseline with paired 95% bootstrap CIs); tokens/s and the
+    losslessness check from real decoding (ev). DCOCO is the jointly trained drafter with its corrector (greedy
+    rule); the oracles are the DFlash run's; coverage is teacher-forced at every anchor (coverage_seen: samples)."""
+    m, real = sim["methods"], ev["methods"]
+    dfl, dco = m["DFlash"]["overall"], m[f"DCOCO {rules[0]}"]["overall"]
+    frozen, sel = m["DFlash + corrector (frozen drafter)"]["overall"], m[DFLASH2]["overall"]
+    tps = {k: real[name]["overall"]["tokens_per_s"] for k, name in (
+        ("target_only", "target-only"), ("dflash", "DFlash"), ("dcoco", f"DCOCO {rules[0]}"),
+        ("dcoco_frozen_drafter", "DFlash + corrector (frozen drafter)"), ("dflash2", DFLASH2))}
     oracle = dfl["tau_oracle_prefix_first"]
 
     def captured(t):
         return (t - dfl["tau"]) / (oracle - dfl["tau"]) if oracle and oracle > dfl["tau"] else None
 
-    return {"tau_target_only": 1.0, "tau_dflash": dfl["tau"], "tau_dcoco": dco["tau"],
-            "tau_dcoco_frozen_drafter": frozen["tau"], "tau_oracle_prefix_first": oracle,
-            "tau_oracle_walk": dfl["tau_oracle_walk"], "tps_target_only": base["tokens_per_s"],
-            "tps_dflash": dfl["tokens_per_s"], "tps_dcoco": dco["tokens_per_s"],
-            "tps_dcoco_frozen_drafter": frozen["tokens_per_s"], "tau_ratio_dcoco_over_dflash": dco["tau"] / dfl["tau"],
-            "tau_ratio_frozen_over_dflash": frozen["tau"] / dfl["tau"],
+    return {"tau_target_only": 1.0, "tau_dflash": dfl["tau"], "tau_dflash_ci": dfl["tau_ci"],
+            "tau_dcoco": dco["tau"], "tau_dcoco_ci": dco["tau_ci"], "tau_dcoco_frozen_drafter": frozen["tau"],
+            "tau_oracle_prefix_first": oracle, "tau_oracle_walk": dfl["tau_oracle_walk"],
+            **{f"tps_{k}": v for k, v in tps.items()},
+            "tau_ratio_dcoco_over_dflash": dco["ratio"], "tau_ratio_ci": dco["ratio_ci"],
+            "tau_ratio_frozen_over_dflash": frozen["ratio"], "tau_ratio_frozen_ci": frozen["ratio_ci"],
+            "tau_dflash2": sel["tau"], "tau_dflash2_ci": sel["tau_ci"], "tau_ratio_dflash2_over_dflash": sel["ratio"],
+            "tau_ratio_dflash2_ci": sel["ratio_ci"],
             "headroom_captured_dcoco": captured(dco["tau"]), "headroom_captured_frozen": captured(frozen["tau"]),
-            "speedup_dcoco_over_dflash": dco["tokens_per_s"] / dfl["tokens_per_s"],
-            "coverage": dfl["coverage"], "lossless": ev["lossless"]}
+            "speedup_dcoco_over_dflash": tps["dcoco"] / tps["dflash"], "coverage": dfl["coverage_tf"],
+            "coverage_seen": dfl["coverage_tf_seen"], "simulated_prompts": dfl["prompts"],
+            "simulated_rounds": dfl["rounds"], "lossless": ev["lossless"]}
+
+
+def costs(engines: dict[str, Engine], repeats: int = 200) -> dict[str, dict]:
+    """Per method with a corrector or selector: parameters, FLOPs per round (one block; corrector.flops) and the
+    CPU/GPU time of a round's selection (Engine.select on one block, R=1) next to the plain argmax's."""
+    plain = next(e for e in engines.values() if e.corrector is None)
+    c = plain.drafter.config
+    h = torch.randn(1, c.block_size - 1, c.hidden_size, generator=torch.Generator().manual_seed(0)).to(plain.embed)
+    anchor = torch.zeros(1, dtype=torch.long, device=h.device)
+
+    def seconds(e: Engine) -> float:
+        e.select(h, anchor)  # warm-up
+        t = time.perf_counter()
+        for _ in range(repeats):
+            e.select(h, anchor)
+        return (time.perf_counter() - t) / repeats
+
+    base = seconds(plain)
+    out = {}
+    for name, e in engines.items():
+        if e.corrector is not None:
+            out[name] = {"parameters": sum(p.numel() for p in e.corrector.parameters()),
+                         "flops_per_round": e.corrector.flops(c.block_size - 1, e.K),
+                         "select_ms_per_round": 1e3 * seconds(e), "argmax_ms_per_round": 1e3 * base}
+    return out
+
+
+def _ci(ci) -> str:
+    return "" if not ci else f" [{ci[0]:.3f}, {ci[1]:.3f}]"
 
 
 def table(res: dict) -> str:
-    """Per method: tau overall and per suite, tokens/s, speedup over target-only."""
-    ev = res["eval"]
-    suites = list(ev["methods"]["DFlash"]["suites"])
-    tps0 = ev["methods"]["target-only"]["overall"]["tokens_per_s"]
-    head = f"{'method':<38}{'tau':>6}{'tok/s':>8}{'speedup':>9}" + "".join(f"{s[:9]:>10}" for s in suites)
+    """Per method: simulated tau [95% CI], tau / DFlash [paired 95% CI], tau per suite; tokens/s and speedup over
+    target-only from real decoding."""
+    sim, real = res["sim"]["methods"], res["eval"]["methods"]
+    suites = list(sim["DFlash"]["suites"])
+    tps0 = real["target-only"]["overall"]["tokens_per_s"]
+    w = max(map(len, real)) + 2
+    head = (f"{'method':<{w}}{'tau [95% CI]':>22}{'vs DFlash [95% CI]':>24}{'tok/s':>8}{'speedup':>9}" +
+            "".join(f"{s[:9]:>10}" for s in suites))
     lines = [head, "-" * len(head)]
-    for name, m in ev["methods"].items():
-        o = m["overall"]
-        tau = "-" if o["tau"] is None else f"{o['tau']:.3f}"
-        lines.append(f"{name:<38}{tau:>6}{o['tokens_per_s']:>8.1f}{o['tokens_per_s'] / tps0:>8.2f}x" +
-                     "".join(f"{'-' if m['suites'][s]['tau'] is None else format(m['suites'][s]['tau'], '.3f'):>10}"
-                             for s in suites))
+    for name in real:
+        tps = real[name]["overall"]["tokens_per_s"]
+        if name not in sim:
+            lines.append(f"{name:<{w}}{'1':>22}{'':>24}{tps:>8.1f}{tps / tps0:>8.2f}x")
+            continue
+        o = sim[name]["overall"]
+        ratio = f"{o['ratio']:.3f}{_ci(o.get('ratio_ci'))}"
+        lines.append(f"{name:<{w}}{o['tau']:>6.3f}{_ci(o['tau_ci']):>16}{ratio:>24}{tps:>8.1f}{tps / tps0:>8.2f}x" +
+                     "".join(f"{sim[name]['suites'][s]['tau']:>10.3f}" for s in suites))
     h = res["headline"]
-    lines.append(f"prefix-first oracle tau (DFlash run): {h['tau_oracle_prefix_first']:.3f}; DCOCO / DFlash tau "
-                 f"{h['tau_ratio_dcoco_over_dflash']:.3f}x, frozen-drafter corrector {h['tau_ratio_frozen_over_dflash']:.3f}x; "
+    lines.append(f"tau simulated exactly (greedy) on {h['simulated_prompts']} prompts x up to "
+                 f"{res['sim']['max_new_tokens']} tokens ({h['simulated_rounds']} DFlash rounds); tokens/s from real "
+                 f"decoding of {res['config']['rows']} prompt(s) per suite x {res['config']['max_new_tokens']} "
+                 f"tokens.\nPrefix-first oracle tau (DFlash rounds): {h['tau_oracle_prefix_first']:.3f}; "
+                 f"DCOCO / DFlash {h['tau_ratio_dcoco_over_dflash']:.3f}x{_ci(h['tau_ratio_ci'])}, frozen-drafter "
+                 f"corrector {h['tau_ratio_frozen_over_dflash']:.3f}x{_ci(h['tau_ratio_frozen_ci'])}, DFlash2 selector "
+                 f"{h['tau_ratio_dflash2_over_dflash']:.3f}x{_ci(h['tau_ratio_dflash2_ci'])}; "
                  f"lossless: {h['lossless']}")
+    for name, c in res.get("costs", {}).items():
+        lines.append(f"  {name}: {c['parameters'] / 1e3:.0f}k parameters, {c['flops_per_round']['greedy'] / 1e6:.1f} "
+                     f"MFLOP per round (walk; {c['flops_per_round']['grid'] / 1e6:.1f} for the full grid), selection "
+                     f"{c['select_ms_per_round']:.2f} ms per round vs {c['argmax_ms_per_round']:.2f} ms for the argmax")
     return "\n".join(lines)
 
 
 def plots(res: dict, work: Path, out: Path, prefix: str) -> list[Path]:
-    """tau per suite per method, DFlash coverage per slot, teacher-forced tau while training."""
+    """tau per suite per method with 95% CIs, DFlash teacher-forced coverage per slot with counts and Wilson CIs,
+    teacher-forced tau while training."""
     plt = figures.pyplot()
 
-    ev = res["eval"]
+    sim = res["sim"]["methods"]
     paths = [out / f"{prefix}-tau.png", out / f"{prefix}-coverage.png", out / f"{prefix}-training.png"]
-    names = [m for m in ev["methods"] if m != "target-only"]
-    suites = [*ev["methods"]["DFlash"]["suites"], "overall"]
-    fig, ax = plt.subplots(figsize=(max(6, 1.4 * len(suites)), 4.5))
+    names = list(sim)
+    suites = [*sim["DFlash"]["suites"], "overall"]
+    fig, ax = plt.subplots(figsize=(max(6, 1.5 * len(suites)), 4.5))
     w = 0.8 / len(names)
     for j, m in enumerate(names):
-        rows = ev["methods"][m]
-        ys = [(rows["overall"] if s == "overall" else rows["suites"][s])["tau"] or float("nan") for s in suites]
-        ax.bar([i - 0.4 + w * (j + 0.5) for i in range(len(suites))], ys, width=w, label=m)
-    ax.set_xticks(range(len(suites)), suites, rotation=20, ha="right")
-    ax.set(ylabel="tau (tokens per round)", title="SmolLM2-135M: mean committed tokens per round")
+        rows = [sim[m]["overall"] if s == "overall" else sim[m]["suites"][s] for s in suites]
+        ys = [r["tau"] for r in rows]
+        err = [[y - r["tau_ci"][0] for y, r in zip(ys, rows)], [r["tau_ci"][1] - y for y, r in zip(ys, rows)]]
+        ax.bar([i - 0.4 + w * (j + 0.5) for i in range(len(suites))], ys, width=w, yerr=err, capsize=2, label=m)
+    counts = [(sim["DFlash"]["overall"] if s == "overall" else sim["DFlash"]["suites"][s])["prompts"] for s in suites]
+    ax.set_xticks(range(len(suites)), [f"{s}\n{n} prompts" for s, n in zip(suites, counts)], rotation=20,
+                  ha="right")
+    ax.set(ylabel="tau (tokens per round)",
+           title="SmolLM2-135M: committed tokens per round\n(greedy, simulated exactly; 95% CIs over prompts)")
     ax.set_ylim(bottom=1.0)
     ax.legend(fontsize=7)
     figures.save(fig, paths[0])
-    coverage_plot(ev["methods"]["DFlash"]["overall"].get("coverage"), paths[1],
-                  "DFlash drafter: verifier token in its top-k")
+    d = sim["DFlash"]["overall"]
+    coverage_plot(d["coverage_tf"], d["coverage_tf_seen"], paths[1],
+                  "DFlash drafter: target token in its top-k\n(teacher-forced, every anchor; Wilson 95% CIs)")
     fig, ax = plt.subplots(figsize=(6, 4))
     t = res["training"]  # continued stages are drawn from the step where their drafter's training left off
-    base, long = t["dflash"]["steps"], t["dflash"]["steps"] + t["dflash-long"]["steps"]
+    base = t["dflash"]["steps"]
     for stage, key, label, x0 in (("dflash", "tau_dflash", "DFlash drafter", 0),
                                   ("dflash-long", "tau_dflash", "DFlash drafter, continued (baseline)", base),
                                   ("dcoco-drafter", "tau_dflash", "DCOCO drafter (joint), argmax", base),
-                                  ("dcoco-drafter", "tau_dcoco", "DCOCO drafter (joint) + corrector", base),
-                                  ("corrector", "tau_dcoco", "frozen baseline drafter + corrector", long)):
+                                  ("dcoco-drafter", "tau_dcoco", "DCOCO drafter (joint) + corrector", base)):
         log = work / stage / "log.jsonl"
         if log.is_file():
             recs = [json.loads(ln) for ln in log.read_text().split("\n") if ln.strip()]
@@ -242,7 +343,7 @@ def plots(res: dict, work: Path, out: Path, prefix: str) -> list[Path]:
             xs = [x0 + recs[i]["step"] for i in range(0, len(recs) - n + 1, n)]
             ys = [sum(r[key] for r in recs[i:i + n]) / n for i in range(0, len(recs) - n + 1, n)]
             ax.plot(xs, ys, label=label)
-    ax.set(xlabel="drafter step (the frozen-drafter corrector starts after the baseline's)",
+    ax.set(xlabel="drafter step",
            ylabel="teacher-forced tau", title="training batches (moving mean)")
     ax.legend()
     figures.save(fig, paths[2])
@@ -256,7 +357,7 @@ def run(size: str = "default", device: str = "cpu", out: str | Path | None = Non
         raise ValueError(f"size: expected one of {sorted(SIZES)}, got {size!r}")
     s, work = SIZES[size], workdir(size)
     t0 = time.monotonic()
-    texts = eval_texts(s.suites, s.rows, suites_dir)  # a missing folder fails before the slow stages
+    texts = eval_texts(s.suites, s.sim_rows, suites_dir)  # a missing folder fails before the slow stages
     tok, model = load_target(SMOLLM2)
     prompts = encode(tok, texts)
     model.to(device)
@@ -264,13 +365,18 @@ def run(size: str = "default", device: str = "cpu", out: str | Path | None = Non
     trained = train_all(s, work, data, model, tok, device, progress)
     engines = {name: Engine(model, d.to(device).eval(), None if c is None else c.to(device).eval(), rule=r)
                for name, (d, c, r) in methods(trained, s.rules).items()}
-    ev = evaluate_all(model, engines, prompts, s.max_new_tokens, progress)
+    t1 = time.monotonic()
+    refs = simulate.references(model, prompts, s.sim_tokens, next(iter(engines.values())).eos,
+                               cache_dir() / "references", progress)
+    sim = {"methods": simulate.report(simulate.simulate_all(engines, prompts, refs, s.sim_tokens, progress),
+                                      "DFlash"), "max_new_tokens": s.sim_tokens, "seconds": time.monotonic() - t1}
+    ev = evaluate_all(model, engines, {n: p[:s.rows] for n, p in prompts.items()}, s.max_new_tokens, progress)
     res = {"size": size, "config": {**dataclasses.asdict(s), "layers": LAYERS, "block_size": BLOCK,
                                     "target_layers": SMOLLM2_TAPS, "device": device,
                                     "corpus_sequences": len(data), "corpus_response_tokens":
                                         int(data.response.sum())},
-           "training": {k: v[2] for k, v in trained.items()}, "eval": ev}
-    res["headline"] = headline(ev, s.rules)
+           "training": {k: v[2] for k, v in trained.items()}, "sim": sim, "eval": ev, "costs": costs(engines)}
+    res["headline"] = headline(ev, sim, s.rules)
     res["seconds"] = time.monotonic() - t0
     dest = Path(out) if out else work
     dest.mkdir(parents=True, exist_ok=True)

@@ -286,6 +286,29 @@ class DFlashDrafter(nn.Module):
             if isinstance(m, nn.Linear):
                 nn.init.normal_(m.weight, std=0.02)  # Qwen3's initializer_range
 
+    @torch.no_grad()
+    def init_from_target(self, target: nn.Module, layer_ids: Sequence[int] | None = None) -> list[str]:
+        """Copy decoder layers of a transformers target (Llama / Qwen-style names, the shapes this drafter was
+        configured with) into this drafter's layers, and its final norm; layer_ids default to the target's last
+        num_hidden_layers. Tensors the target lacks (Qwen3's q/k norms on a Llama target) and fc / hidden_norm
+        keep their initialisation. Returns the names copied."""
+        layers = target.get_decoder().layers
+        ids = list(layer_ids) if layer_ids is not None else list(range(len(layers)))[-len(self.layers):]
+        if len(ids) != len(self.layers) or not all(0 <= i < len(layers) for i in ids):
+            raise ValueError(f"layer_ids: expected {len(self.layers)} target layers in [0, {len(layers)}), got {ids}")
+        copied = []
+        pairs = [(f"layers.{k}.", layers[i]) for k, i in enumerate(ids)] + [("norm.", target.get_decoder().norm)]
+        mine = dict(self.named_parameters())
+        for prefix, src in pairs:
+            for name, p in src.named_parameters():
+                dst = mine.get(prefix + name)
+                if dst is not None and dst.shape == p.shape:
+                    dst.copy_(p)
+                    copied.append(prefix + name)
+        if not copied:
+            raise ValueError("target: no decoder tensor matches this drafter's names and shapes")
+        return copied
+
     def target_features(self, hidden_states: Sequence[torch.Tensor]) -> torch.Tensor:
         """(N,S,n*d) from a transformers output_hidden_states tuple (entry 0 = the embeddings): the
         outputs of decoder layers target_layer_ids, concatenated in that order."""

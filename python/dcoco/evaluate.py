@@ -18,23 +18,16 @@ from . import plots
 from .corpus import chat_ids
 from .spec import KS, Engine, Result, summarize, target_only
 
-SUITES_HINT = ("prompt suites are JSONL files of {\"turns\": [...]} lines (the eval_datasets/ folder of the "
-               "DeepSpec repository, or ../shared/data/eval next to a dcoco checkout); pass a folder or files "
-               "with --suites")
+SUITES_HINT = ("prompt suites are JSONL files of {\"turns\": [...]} lines (like the eval_datasets/ folder of the "
+               "DeepSpec repository, which dcoco ships in dcoco/data/suites); pass a folder or files with --suites")
 
 
 def default_suites() -> Path:
-    """$DCOCO_SUITES, else ../shared/data/eval next to the repository: found from the package of a source checkout
-    (editable install), else from the working directory (a repository root)."""
+    """$DCOCO_SUITES, else the suites shipped in the package (data/suites: 8 of the paper's 10, its README)."""
     import os
+    from importlib import resources
 
-    if os.environ.get("DCOCO_SUITES"):
-        return Path(os.environ["DCOCO_SUITES"])
-    rel = Path("shared") / "data" / "eval"
-    for root in (Path(__file__).resolve().parents[3], Path.cwd().resolve().parent):
-        if (root / rel).is_dir():
-            return root / rel
-    return Path(__file__).resolve().parents[3] / rel
+    return Path(os.environ.get("DCOCO_SUITES") or str(resources.files("dcoco") / "data" / "suites"))
 
 
 def suite_files(paths: Sequence[str | Path] | None, arg: str = "suites") -> list[Path]:
@@ -207,9 +200,13 @@ def evaluate(target: nn.Module, engine: Engine, suites: Mapping[str, Sequence[li
 
 def _results(spec: Mapping[str, list[Result]], base: Mapping[str, list[Result]], mismatches: list[dict],
              temperature: float) -> dict:
-    rows = {name: _row(summarize(spec[name]), summarize(base[name])) for name in spec}
-    overall = _row(summarize([r for rs in spec.values() for r in rs]),
-                   summarize([r for rs in base.values() for r in rs]))
+    from .stats import tau_table
+
+    groups = {**spec, "overall": [r for rs in spec.values() for r in rs]}
+    bases = {**base, "overall": [r for rs in base.values() for r in rs]}
+    rows = {g: {**_row(summarize(rs), summarize(bases[g])), "prompts": len(rs),
+                "tau_ci": tau_table({"spec": rs}, "spec")["spec"]["tau_ci"]} for g, rs in groups.items()}
+    overall = rows.pop("overall")
     return {"suites": rows, "overall": overall, "lossless": not mismatches if temperature == 0 else None,
             "mismatches": mismatches}
 
@@ -220,28 +217,46 @@ def _fmt(x, spec: str = ".2f") -> str:
 
 def table(res: dict) -> str:
     """The per-suite table (and the overall row) as text."""
-    head = f"{'suite':<16}{'tau':>7}{'oracle':>8}{'tok/s spec':>12}{'tok/s target':>14}{'speedup':>9}"
+    head = (f"{'suite':<16}{'tau':>7}{'95% CI':>16}{'oracle':>8}{'tok/s spec':>12}{'tok/s target':>14}"
+            f"{'speedup':>9}")
     lines = [head, "-" * len(head)]
     for name, r in [*res["suites"].items(), ("overall", res["overall"])]:
-        lines.append(f"{name:<16}{_fmt(r['tau']):>7}{_fmt(r['tau_oracle_prefix_first']):>8}"
+        ci = "-" if not r.get("tau_ci") else f"[{r['tau_ci'][0]:.2f}, {r['tau_ci'][1]:.2f}]"
+        lines.append(f"{name:<16}{_fmt(r['tau']):>7}{ci:>16}{_fmt(r['tau_oracle_prefix_first']):>8}"
                      f"{_fmt(r['tps_spec'], '.1f'):>12}{_fmt(r['tps_target_only'], '.1f'):>14}"
                      f"{_fmt(r['speedup']):>8}x")
     return "\n".join(lines)
 
 
-def coverage_plot(coverage: Mapping | None, path: Path, title: str) -> None:
-    """coverage {k: per-slot rate} (spec.summarize) as one line per k in KS, saved to path."""
-    import matplotlib.ticker
+SMALL = 30  # a rate from fewer samples is drawn hollow and flagged
+
+
+def coverage_plot(coverage: Mapping | None, seen: Sequence[int] | None, path: Path, title: str) -> None:
+    """coverage {k: per-slot rate} (spec.summarize) as one line per k in KS with Wilson 95% intervals; seen: the
+    samples per slot, written under each slot. Slots with fewer than SMALL samples are drawn hollow, and the
+    figure says so; slots never reached are left out."""
+    from .stats import wilson
 
     plt = plots.pyplot()
-
-    fig, ax = plt.subplots(figsize=(6, 4))
+    seen = list(seen or [])
+    fig, ax = plt.subplots(figsize=(max(6, 0.7 * len(seen)), 4.2))
     for k in KS:
         ys = (coverage or {}).get(k) or []
-        ax.plot(range(1, len(ys) + 1), [float("nan") if y is None else y for y in ys], marker="o", label=f"top-{k}")
-    ax.set(xlabel="drafted slot", ylabel="coverage", ylim=(0, 1), title=title)
-    ax.xaxis.set_major_locator(matplotlib.ticker.MaxNLocator(integer=True))
-    ax.legend()
+        pts = [(i + 1, y, seen[i]) for i, y in enumerate(ys) if y is not None and i < len(seen) and seen[i]]
+        if not pts:
+            continue
+        xs, vs, ns = zip(*pts)
+        cis = [wilson(round(v * n), n) for v, n in zip(vs, ns)]
+        line = ax.errorbar(xs, vs, yerr=[[v - c[0] for v, c in zip(vs, cis)], [c[1] - v for v, c in zip(vs, cis)]],
+                           marker="o", capsize=2, label=f"top-{k}")
+        few = [(x, v) for x, v, n in zip(xs, vs, ns) if n < SMALL]
+        if few:
+            ax.scatter(*zip(*few), s=60, facecolors="white", edgecolors=line[0].get_color(), zorder=3)
+    ax.set_xticks(range(1, len(seen) + 1), [f"{i + 1}\nn={n}" for i, n in enumerate(seen)], fontsize=7)
+    few = sum(0 < n < SMALL for n in seen)
+    ax.set(xlabel="drafted slot (n: samples)", ylabel="coverage", ylim=(0, 1.02))
+    ax.set_title(title + (f"; hollow: fewer than {SMALL} samples" if few else ""), fontsize=9)
+    ax.legend(fontsize=7)
     plots.save(fig, path)
 
 
@@ -254,7 +269,8 @@ def write(res: dict, out: str | Path) -> list[Path]:
     out.mkdir(parents=True, exist_ok=True)
     paths = [out / "results.json", out / "coverage.png", out / "tau.png"]
     paths[0].write_text(json.dumps(res, indent=2))
-    coverage_plot(res["overall"]["coverage"], paths[1], "verifier token in the drafter's top-k")
+    coverage_plot(res["overall"]["coverage"], res["overall"]["spec"].get("coverage_seen"), paths[1],
+                  "verifier token in the drafter's top-k\n(decoded rounds with the prefix accepted; Wilson 95% CIs)")
     names = list(res["suites"])
     x = list(range(len(names)))
     fig, ax = plt.subplots(figsize=(max(4, 1.2 * len(names)), 4))

@@ -29,7 +29,7 @@ SUITES = {"math500": ("Math", "MATH-500"), "aime25": ("Math", "AIME-25"), "gsm8k
 SEED = 1234  # the paper's subset seed
 ROWS = 128  # the paper's rows per suite; smaller suites (AIME-25: 30, MT-Bench: 80) are taken whole
 PER_CATEGORY = 80  # SPEED-Bench: 80 rows of each category
-# suites not in ../shared/data/eval: hub dataset, config, split
+# suites not shipped in data/suites: hub dataset, config, split
 HUB = {"alpaca": ("tatsu-lab/alpaca", None, "train"), "speed-bench": ("nvidia/SPEED-Bench", "qualitative", "test")}
 COUNTERS = {"vllm:spec_decode_num_drafts": "drafts", "vllm:spec_decode_num_draft_tokens": "draft_tokens",
             "vllm:spec_decode_num_accepted_tokens": "accepted"}

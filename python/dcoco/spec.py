@@ -24,6 +24,7 @@ from . import _ops
 from .corrector import Corrector
 from .dflash import DFlashDrafter
 from .select import select
+from .selector import CandidateSelector
 
 KS = (1, 2, 4, 8, 16)  # coverage is reported for the drafter's top-k at these k
 
@@ -50,6 +51,8 @@ class Result:
     oracle_prefix: list[int] = dataclasses.field(default_factory=list)
     trans_hits: int = 0
     trans_seen: int = 0
+    tf_hits: torch.Tensor | None = None  # simulate.py: teacher-forced coverage at every anchor (B,len(KS))
+    tf_seen: torch.Tensor | None = None  # (B,) anchors whose slot i has a reference token
 
     @property
     def rounds(self) -> int:
@@ -147,8 +150,9 @@ class Engine:
                  rule: str = "greedy", lam: float = 0.75, num_candidates: int = 16, eos_token_id="auto"):
         if not isinstance(drafter, DFlashDrafter):
             raise TypeError(f"drafter: expected a DFlashDrafter, got {type(drafter).__name__}")
-        if corrector is not None and not isinstance(corrector, Corrector):
-            raise TypeError(f"corrector: expected a dcoco.Corrector or None, got {type(corrector).__name__}")
+        if corrector is not None and not isinstance(corrector, (Corrector, CandidateSelector)):
+            raise TypeError(f"corrector: expected a dcoco.Corrector, a CandidateSelector or None, got "
+                            f"{type(corrector).__name__}")
         self.embed = target.get_input_embeddings().weight.detach()
         self.head = target.get_output_embeddings().weight.detach()
         V = self.head.shape[0]
@@ -173,25 +177,39 @@ class Engine:
         self.K = min(num_candidates, V)
         self.top = min(max(self.K, max(KS)), V)  # candidates kept per slot: K for selection, up to 16 for coverage
         self.eos = _eos_set(target, eos_token_id)
-        if corrector is not None and rule == "greedy":
+        if isinstance(corrector, CandidateSelector) and (rule != "greedy" or corrector.vocab_size != V):
+            raise ValueError(f"corrector: a CandidateSelector walks greedily over a vocabulary of {V}; got rule "
+                             f"{rule!r}, vocab_size {corrector.vocab_size}")
+        if isinstance(corrector, Corrector) and rule == "greedy":
             corrector.prepare_inference(self.embed)
 
     def _draft(self, anchor: int, ctx: torch.Tensor) -> tuple[torch.Tensor, ...]:
         """For the block after anchor, ctx (1,C,n*d): drafted tokens (B,), the candidates' ids and logits
         (B,top) sorted by logit, and the drafter's hidden states (1,B,d) in the embedding's dtype."""
-        h = self.drafter.draft(torch.tensor([anchor], device=ctx.device), ctx, self.embed)[:, 1:]  # (1,B,d)
+        anchor_ids = torch.tensor([anchor], device=ctx.device)
+        h = self.drafter.draft(anchor_ids, ctx, self.embed)[:, 1:]  # (1,B,d)
+        drafted, ids, vals, hc = self.select(h, anchor_ids)
+        return drafted[0], ids[0], vals[0], hc
+
+    def select(self, h: torch.Tensor, anchor_ids: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        """Blocks' drafter hidden states h (R,B,d) and anchor tokens (R,) -> the drafted tokens (R,B) (argmax, or
+        the corrector's pick by rule, or the DFlash2 selector's walk), the candidates' ids and logits (R,B,top)
+        sorted by logit, and h (R,B,d) in the embedding's dtype. One path for decoding (R=1) and simulation
+        (every anchor at once)."""
         logits = DFlashDrafter.compute_logits(h, self.head)
         top = logits.float().topk(self.top, -1)
         ids, vals = top.indices[..., :self.K], top.values[..., :self.K]
         hc = h.to(self.embed.dtype)
         if self.corrector is None:
-            drafted = ids[0, :, 0]
+            drafted = ids[..., 0]
+        elif isinstance(self.corrector, CandidateSelector):
+            drafted = self.corrector(hc, ids, vals, anchor_ids)[1]
         elif self.rule == "greedy":
-            drafted = self.corrector(hc, ids, vals, self.embed)[1][0]
+            drafted = self.corrector(hc, ids, vals, self.embed)[1]
         else:
             ranks = select(self.corrector.score(hc, ids, vals, self.embed), vals[:, 0], self.rule, self.lam)
-            drafted = ids.gather(2, ranks[..., None])[0, :, 0]
-        return drafted, top.indices[0], top.values[0], hc
+            drafted = ids.gather(2, ranks[..., None])[..., 0]
+        return drafted, top.indices, top.values, hc
 
     def _oracle(self, ref: list[int], left: int, ids: torch.Tensor, vals: torch.Tensor,
                 hc: torch.Tensor) -> tuple[int, int, int, int]:
@@ -205,7 +223,7 @@ class Engine:
         walk = int(match.any(1).cumprod(0).sum())
         first = walk if m and bool(match[0, 0]) else 0
         hits = seen = 0
-        if self.corrector is not None and m > 1:
+        if isinstance(self.corrector, Corrector) and m > 1:
             rank = torch.where(match.any(1), match.int().argmax(1), -1)  # -1: not in the top-K
             both = ((rank[:-1] >= 0) & (rank[1:] >= 0)).nonzero()[:, 0]
             if len(both):
@@ -307,7 +325,8 @@ def summarize(results: Sequence[Result]) -> dict:
     rounds), accept_counts[i] / accept_rate[i] (rounds accepting draft slot i+1), coverage {k: per-slot rate of
     the verified token being in the drafter's top-k, None where a slot was never reached}; with references:
     oracle_rounds, tau_oracle_walk / tau_oracle_prefix_first (oracle commits per round over the rounds that
-    have them) and transition_hit_rate (None without data)."""
+    have them) and transition_hit_rate (None without data); from simulations (simulate.py): coverage_tf /
+    coverage_tf_seen, teacher-forced coverage at every anchor and its sample count per slot."""
     tokens = sum(len(r.tokens) for r in results)
     seconds = sum(r.seconds for r in results)
     rounds = sum(r.rounds for r in results)
@@ -331,4 +350,9 @@ def summarize(results: Sequence[Result]) -> dict:
         out["tau_oracle_walk"] = sum(sum(r.oracle_walk) for r in spec) / n if n else None
         out["tau_oracle_prefix_first"] = sum(sum(r.oracle_prefix) for r in spec) / n if n else None
         out["transition_hit_rate"] = thits / tseen if tseen else None
+        if all(r.tf_seen is not None for r in spec):
+            tf_hits, tf_seen = sum(r.tf_hits for r in spec), sum(r.tf_seen for r in spec)
+            out["coverage_tf_seen"] = tf_seen.tolist()
+            out["coverage_tf"] = {k: [int(h) / int(s) if s else None for h, s in zip(tf_hits[:, j], tf_seen)]
+                                  for j, k in enumerate(KS)}
     return out

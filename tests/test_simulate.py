@@ -1,0 +1,163 @@
+"""Simulated greedy decoding (simulate.py) against the engine's real decode, round by round and metric by metric,
+for plain DFlash, every corrector rule and the DFlash2 selector (greedy losslessness included); teacher-forced coverage; the bootstrap and Wilson intervals (stats.py)."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+import torch
+
+pytest.importorskip("transformers", reason="the engine needs transformers (pip install '.[demo]')")
+
+from test_spec import BS, PROMPTS, corrector, dflash_cfg, llama  # noqa: E402
+
+from dcoco import stats  # noqa: E402
+from dcoco.dflash import DFlashDrafter  # noqa: E402
+from dcoco.selector import CandidateSelector  # noqa: E402
+from dcoco.simulate import simulate  # noqa: E402
+from dcoco.spec import KS, Engine, Result, summarize, target_only  # noqa: E402
+
+FIELDS = ("tokens", "committed", "accepted", "oracle_walk", "oracle_prefix", "trans_hits", "trans_seen")
+
+
+class Scripted(DFlashDrafter):
+    """Drafts the continuation of seq after each anchor, one slot wrong (the right token second) at anchors
+    C % 3 == 0, through the blocks
+    path both decoding (draft) and simulation (forward) use: hidden states whose LM-head logits are 3 at the
+    scripted token and seeded noise below it (V <= d: W pinv(W) = I)."""
+
+    def __init__(self, head: torch.Tensor):
+        super().__init__(dflash_cfg(head.shape[0]))
+        self.pinv, self.seq = torch.linalg.pinv(head), []
+
+    def _blocks(self, anchor_ids, target_hidden, anchors, embed):
+        V = self.pinv.shape[1]
+        out = torch.zeros(*anchors.shape, BS, self.pinv.shape[0])
+        for (n, a), C in zip(((n, a) for n in range(anchors.shape[0]) for a in range(anchors.shape[1])),
+                             anchors.flatten().tolist()):
+            want = (self.seq[C + 1:C + BS] + [0] * BS)[:BS - 1]
+            logits = torch.rand(BS - 1, V, generator=torch.Generator().manual_seed(C))
+            if C % 3 == 0:  # the right token becomes the runner-up
+                logits[C % (BS - 1), want[C % (BS - 1)]] = 2.0
+                want[C % (BS - 1)] = (want[C % (BS - 1)] + 1) % V
+            logits[torch.arange(BS - 1), torch.tensor(want)] = 3.0
+            out[n, a, 1:] = logits @ self.pinv.T
+        return out
+
+
+@pytest.fixture(scope="module")
+def target():
+    return llama(64, 0)
+
+
+@pytest.fixture(scope="module")
+def refs(target):
+    return [target_only(target, p, 40, eos_token_id=None).tokens for p in PROMPTS]
+
+
+def selector(seed: int = 0) -> CandidateSelector:
+    torch.manual_seed(seed)
+    s = CandidateSelector(64, 64, rank=8, num_candidates=8)
+    torch.nn.init.normal_(s.succ.weight, std=2.0)  # non-zero: it does re-pick candidates, slot 1 included
+    return s.eval()
+
+
+def engines(target, drafter, eos=None):
+    yield Engine(target, drafter, eos_token_id=eos)
+    for rule in ("greedy", "global", "geometric"):
+        yield Engine(target, drafter, corrector(), rule=rule, num_candidates=8, eos_token_id=eos)
+    yield Engine(target, drafter, selector(), num_candidates=8, eos_token_id=eos)
+
+
+def same(sim: Result, real: Result) -> None:
+    for f in FIELDS:
+        assert getattr(sim, f) == getattr(real, f), f
+    assert torch.equal(sim.cover_hits, real.cover_hits) and torch.equal(sim.cover_seen, real.cover_seen)
+
+
+@pytest.mark.parametrize("kind", ["scripted", "random"])
+def test_simulation_equals_decoding(target, refs, kind):
+    torch.manual_seed(3)
+    head = target.get_output_embeddings().weight.detach()
+    drafter = Scripted(head) if kind == "scripted" else DFlashDrafter(dflash_cfg(64)).eval()
+    for eng in engines(target, drafter):
+        taus = []
+        for p, ref in zip(PROMPTS, refs):
+            drafter.seq = p + ref
+            for n in (1, 2, 7, 23, 40):
+                sim = simulate(eng, p, ref, n, chunk=5)  # several drafter passes per prompt
+                same(sim, eng.generate(p, n, reference=ref))
+                assert sim.tokens == ref[:n]  # the decode was lossless
+                taus.append(summarize([sim])["tau"])
+        if kind == "scripted" and eng.corrector is None:
+            assert max(t for t in taus if t) > 2.5  # long accepted runs, not only rejections
+
+
+def test_simulation_stops_at_eos(target, refs):
+    head = target.get_output_embeddings().weight.detach()
+    drafter = Scripted(head)
+    eos = refs[0][9]
+    base = target_only(target, PROMPTS[0], 40, eos_token_id=eos).tokens
+    drafter.seq = PROMPTS[0] + refs[0]
+    for eng in engines(target, drafter, eos):
+        sim, real = simulate(eng, PROMPTS[0], base, 40), eng.generate(PROMPTS[0], 40, reference=base)
+        assert sim.tokens == real.tokens == base and sim.committed == real.committed
+
+
+def test_teacher_forced_coverage(target, refs):
+    head = target.get_output_embeddings().weight.detach()
+    drafter = Scripted(head)
+    drafter.seq = PROMPTS[1] + refs[1]
+    r = simulate(Engine(target, drafter, eos_token_id=None), PROMPTS[1], refs[1], 40)
+    T = 40
+    assert r.tf_seen.tolist() == [T - 1 - i for i in range(BS - 1)]  # every anchor, slots with a reference token
+    assert (r.tf_hits[:, 1:] >= r.tf_hits[:, :-1]).all() and (r.tf_hits <= r.tf_seen[:, None]).all()
+    # one slot wrong at anchors C % 3 == 0 (C = len(prompt) + L - 1): top-1 misses exactly those slots
+    C = torch.arange(len(PROMPTS[1]), len(PROMPTS[1]) + T - 1)
+    wrong = torch.zeros(T - 1, BS - 1, dtype=torch.bool)
+    wrong[(C % 3 == 0).nonzero()[:, 0], (C % (BS - 1))[C % 3 == 0]] = True
+    valid = torch.arange(T - 1)[:, None] + torch.arange(1, BS) < T
+    assert r.tf_hits[:, 0].tolist() == (valid & ~wrong).sum(0).tolist()
+    assert r.tf_hits[:, KS.index(2)].tolist() == valid.sum(0).tolist()  # the right token is the runner-up
+    s = summarize([r])
+    assert s["coverage_tf_seen"] == r.tf_seen.tolist() and s["coverage_tf"][2] == [1.0] * (BS - 1)
+
+
+def test_simulation_rejects_a_bad_reference(target, refs):
+    eng = Engine(target, DFlashDrafter(dflash_cfg(64)).eval(), eos_token_id=None)
+    with pytest.raises(ValueError, match="reference"):
+        simulate(eng, PROMPTS[0], refs[0][:10], 20)  # too short for max_new_tokens, no eos
+    with pytest.raises(ValueError, match="reference"):
+        simulate(eng, PROMPTS[0], [], 20)
+    with pytest.raises(ValueError, match="max_new_tokens"):
+        simulate(eng, PROMPTS[0], refs[0], 0)
+
+
+def fake(committed: list[int]) -> Result:
+    e = torch.zeros(0, len(KS), dtype=torch.long)
+    return Result([0] * (1 + sum(committed)), committed, [c - 1 for c in committed], e, e[:, 0], 1.0)
+
+
+def test_tau_table_paired_intervals():
+    g = torch.Generator().manual_seed(0)
+    base = [fake((1 + torch.randint(0, 3, (20,), generator=g)).tolist()) for _ in range(60)]
+    better = [dataclasses.replace(r, committed=[c + (i % 2) for i, c in enumerate(r.committed)]) for r in base]
+    t = stats.tau_table({"DFlash": base, "DCOCO": better, "same": base}, "DFlash")
+    for row in t.values():
+        assert row["tau_ci"][0] <= row["tau"] <= row["tau_ci"][1] and row["prompts"] == 60
+    assert t["DFlash"]["ratio"] == 1 and t["DFlash"]["ratio_ci"] is None
+    assert t["same"]["ratio_ci"] == [1.0, 1.0]  # paired: the same prompts resampled for both
+    lo, hi = t["DCOCO"]["ratio_ci"]
+    assert 1 < lo <= t["DCOCO"]["ratio"] <= hi < 1.5
+    assert hi - lo < (t["DCOCO"]["tau_ci"][1] - t["DCOCO"]["tau_ci"][0]) / t["DFlash"]["tau"]  # pairing helps
+    with pytest.raises(ValueError, match="same prompts"):
+        stats.tau_table({"a": base, "b": base[:3]}, "a")
+    with pytest.raises(ValueError, match="base"):
+        stats.tau_table({"a": base}, "b")
+
+
+def test_wilson():
+    lo, hi = stats.wilson(8, 10)
+    assert lo == pytest.approx(0.4902, abs=1e-4) and hi == pytest.approx(0.9433, abs=1e-4)
+    assert stats.wilson(0, 0) is None and stats.wilson(0, 5)[0] == 0
