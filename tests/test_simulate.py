@@ -1,5 +1,6 @@
 """Simulated greedy decoding (simulate.py) against the engine's real decode, round by round and metric by metric,
-for plain DFlash, every corrector rule and the DFlash2 selector (greedy losslessness included); teacher-forced coverage; the bootstrap and Wilson intervals (stats.py)."""
+for plain DFlash, every corrector rule and the DFlash2 selector (greedy losslessness included); teacher-forced
+coverage; references over suites; the bootstrap and Wilson intervals (stats.py)."""
 
 from __future__ import annotations
 
@@ -161,3 +162,33 @@ def test_wilson():
     lo, hi = stats.wilson(8, 10)
     assert lo == pytest.approx(0.4902, abs=1e-4) and hi == pytest.approx(0.9433, abs=1e-4)
     assert stats.wilson(0, 0) is None and stats.wilson(0, 5)[0] == 0
+
+
+def test_suites_references_cached_and_report(target, refs, tmp_path, monkeypatch):
+    from dcoco import simulate as sim
+
+    suites = {"a": [PROMPTS[0], PROMPTS[1]], "b": [PROMPTS[1]]}
+    got = sim.references(target, suites, 40, [], tmp_path, progress=False)
+    assert got == {"a": [refs[0], refs[1]], "b": [refs[1]]}
+    eos = refs[0][9]  # batched generation (padded), checked against the one-prompt pass
+    batched = sim.references(target, suites, 40, [eos], None, progress=False)
+    assert batched == {n: [target_only(target, p, 40, eos_token_id=eos).tokens for p in ps] for n, ps in suites.items()}
+    assert batched["a"][0][-1] == eos
+    monkeypatch.setattr("dcoco.spec.target_only", lambda *a, **k: pytest.fail("not read from the cache"))
+    assert sim.references(target, suites, 40, [], tmp_path, progress=False) == got
+    head = target.get_output_embeddings().weight.detach()
+    drafter = Scripted(head)
+    drafter.seq = PROMPTS[1] + refs[1]  # right on prompt 1, wrong (mostly) on prompt 0
+    engines = {"DFlash": Engine(target, drafter, eos_token_id=None),
+               "selector": Engine(target, drafter, selector(), num_candidates=8, eos_token_id=None)}
+    per = sim.simulate_all(engines, suites, got, 40, progress=False)  # one target and drafter pass per prompt
+    for m, e in engines.items():
+        for n, ps in suites.items():
+            for p, r, res in zip(ps, got[n], per[m][n]):
+                same(res, simulate(e, p, r, 40))
+    rep = sim.report(per, "DFlash")
+    assert set(rep) == set(engines) and set(rep["DFlash"]["suites"]) == {"a", "b"}
+    o = rep["selector"]["overall"]
+    assert o["prompts"] == 3 and o["ratio_ci"][0] <= o["ratio"] <= o["ratio_ci"][1]
+    assert rep["DFlash"]["suites"]["b"]["tau_ci"] is None  # one prompt: no interval
+    assert rep["DFlash"]["suites"]["b"]["tau"] > rep["DFlash"]["suites"]["a"]["tau"]

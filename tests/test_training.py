@@ -214,6 +214,29 @@ def test_gradient_checkpointing_same_gradients_fewer_saved_activations(target, c
         small(grad_checkpoint="yes")
 
 
+def test_corr_grad_weights_l_corr_in_the_drafter_gradient(target, corpus):
+    """joint with corr_grad w: the drafter's gradient is the DFlash loss's plus w times L_corr's; the corrector's
+    gradient does not depend on w. w = 0 gives the drafter-only gradient."""
+    embed, head = frozen(target)
+    batch = Schedule(corpus, 0, 2, 8, 0, 1).batch(0)
+    grads = {}
+    for mode, w in (("drafter", 1.0), ("joint", 0.0), ("joint", 0.5), ("joint", 1.0)):
+        torch.manual_seed(0)
+        drafter, corrector = DFlashDrafter(drafter_cfg(target)), Corrector(64, 32, 16, 32)
+        torch.nn.init.normal_(corrector.mlp[2].weight)  # a live corrector: L_corr reaches the drafter
+        obj = Objective(drafter, corrector if mode == "joint" else None, small(mode=mode, corr_grad=w))
+        obj(batch, embed, head)["loss"].backward()
+        grads[mode, w] = ([p.grad for p in drafter.parameters()],
+                          [p.grad for p in corrector.parameters()] if mode == "joint" else None)
+    d0, d5, d1 = (grads["joint", w][0] for w in (0.0, 0.5, 1.0))
+    assert all(torch.equal(a, b) for a, b in zip(d0, grads["drafter", 1.0][0]))
+    assert all(torch.allclose(m, (a + b) / 2, rtol=1e-4, atol=1e-7) for m, a, b in zip(d5, d0, d1))
+    assert not all(torch.equal(a, b) for a, b in zip(d0, d1))
+    assert all(torch.equal(a, b) for a, b in zip(grads["joint", 0.0][1], grads["joint", 1.0][1]))
+    with pytest.raises(ValueError, match="corr_grad"):
+        small(corr_grad=1.5)
+
+
 def test_held_out_sequences_are_never_trained_on_and_evaluated(target, corpus, tmp_path):
     sched = Schedule(corpus, 0, 2, 8, 0, 1, held_out=3)
     assert len(sched.held_out) == 3 and not set(sched.held_out) & set(sched.usable)

@@ -103,6 +103,9 @@ def _train_parser(p: argparse.ArgumentParser) -> None:
     g.add_argument("--candidates", type=int, default=d.num_candidates, help="K (%(default)s)")
     g.add_argument("--width", type=int, default=d.width, help="corrector width r (%(default)s)")
     g.add_argument("--mlp-hidden", type=int, default=d.mlp_hidden, help="corrector MLP width (%(default)s)")
+    g.add_argument("--corr-grad", type=float, default=d.corr_grad,
+                   help="joint: weight of L_corr's gradient into the drafter; 0 trains the drafter on the DFlash "
+                        "loss alone while the corrector learns on it (%(default)s: the paper's sum)")
     g.add_argument("--seed", type=int, default=d.seed, help="(%(default)s)")
     g.add_argument("--save-every", type=int, default=d.save_every, help="steps between checkpoints (%(default)s)")
     g.add_argument("--log-every", type=int, default=d.log_every, help="steps per printed summary (%(default)s)")
@@ -355,7 +358,8 @@ def train_options(args: argparse.Namespace) -> tuple:
                       anchors=args.anchors, lr=args.lr, logit_chunk=args.logit_chunk, save_dtype=args.save_dtype,
                       dist_timeout=args.dist_timeout, grad_checkpoint=args.grad_checkpoint,
                       warmup=args.warmup, num_candidates=args.candidates, width=args.width,
-                      mlp_hidden=args.mlp_hidden, seed=args.seed, save_every=args.save_every,
+                      mlp_hidden=args.mlp_hidden, corr_grad=args.corr_grad, seed=args.seed,
+                      save_every=args.save_every,
                       log_every=args.log_every, eval_sequences=args.eval_sequences, eval_every=args.eval_every,
                       resume=args.resume, device=args.device)
     kw = dict(target=args.target, prompts=args.prompts, data=args.data, cache=args.cache_dir, init=args.init,

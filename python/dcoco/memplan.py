@@ -218,7 +218,6 @@ def estimate(target, drafter: DFlashConfig, cfg: TrainConfig, world: int = 1, se
         dm = DFlashDrafter(c)
         cm = Corrector(d, K, cfg.width, cfg.mlp_hidden) if mode != "drafter" else None
     Pd, Pc = _count(dm), _count(cm) if cm is not None else 0
-    trainable = Pd * dflash_grad + Pc * corr_grad
     for name, n, grad in (("drafter", Pd, dflash_grad), ("corrector", Pc, corr_grad)):
         rows.append((f"{name} weights", n * F32, f"{n / 1e6:.4g}e6 params x 4 B"))
         rows.append((f"{name} gradients", n * F32 * grad, f"{n / 1e6:.4g}e6 x 4 B" if grad else f"frozen ({mode})"))

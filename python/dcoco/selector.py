@@ -30,7 +30,8 @@ class CandidateSelector(nn.Module):
                         ("num_candidates", num_candidates)):
             if isinstance(v, bool) or not isinstance(v, int) or v < 1:
                 raise ValueError(f"{name}: expected an integer >= 1, got {v!r}")
-        self.hidden_size, self.vocab_size, self.rank, self.num_candidates = hidden_size, vocab_size, rank, num_candidates
+        self.hidden_size, self.vocab_size, self.rank = hidden_size, vocab_size, rank
+        self.num_candidates = num_candidates
         self.proj = nn.Linear(hidden_size, rank, bias=False)
         self.pred = nn.Embedding(vocab_size, rank)
         self.succ = nn.Embedding(vocab_size, rank)

@@ -191,14 +191,17 @@ class Engine:
         drafted, ids, vals, hc = self.select(h, anchor_ids)
         return drafted[0], ids[0], vals[0], hc
 
-    def select(self, h: torch.Tensor, anchor_ids: torch.Tensor) -> tuple[torch.Tensor, ...]:
+    def select(self, h: torch.Tensor, anchor_ids: torch.Tensor,
+               top: tuple[torch.Tensor, torch.Tensor] | None = None) -> tuple[torch.Tensor, ...]:
         """Blocks' drafter hidden states h (R,B,d) and anchor tokens (R,) -> the drafted tokens (R,B) (argmax, or
         the corrector's pick by rule, or the DFlash2 selector's walk), the candidates' ids and logits (R,B,top)
         sorted by logit, and h (R,B,d) in the embedding's dtype. One path for decoding (R=1) and simulation
-        (every anchor at once)."""
-        logits = DFlashDrafter.compute_logits(h, self.head)
-        top = logits.float().topk(self.top, -1)
-        ids, vals = top.indices[..., :self.K], top.values[..., :self.K]
+        (every anchor at once). top: (ids, logits) of h's top self.top candidates when already computed (the
+        simulation shares them between engines with one drafter)."""
+        if top is None:
+            t = DFlashDrafter.compute_logits(h, self.head).float().topk(self.top, -1)
+            top = (t.indices, t.values)
+        ids, vals = top[0][..., :self.K], top[1][..., :self.K]
         hc = h.to(self.embed.dtype)
         if self.corrector is None:
             drafted = ids[..., 0]
@@ -209,9 +212,9 @@ class Engine:
         else:
             ranks = select(self.corrector.score(hc, ids, vals, self.embed), vals[:, 0], self.rule, self.lam)
             drafted = ids.gather(2, ranks[..., None])[..., 0]
-        return drafted, top.indices, top.values, hc
+        return drafted, top[0], top[1], hc
 
-    def _oracle(self, ref: list[int], left: int, ids: torch.Tensor, vals: torch.Tensor,
+    def oracle(self, ref: list[int], left: int, ids: torch.Tensor, vals: torch.Tensor,
                 hc: torch.Tensor) -> tuple[int, int, int, int]:
         """(oracle-walk committed, prefix-first committed, transition hits, transitions seen) for one round.
         ref: the verifier's greedy tokens at the verified slots (at most n); left: reference tokens still to
@@ -293,7 +296,7 @@ class Engine:
             L = len(tokens)
             if reference is not None and reference[:L] == tokens and len(reference) > L:
                 t1 = time.perf_counter()
-                w, f, h, c = self._oracle(reference[L:L + n], len(reference) - L, cands, vals, hc)
+                w, f, h, c = self.oracle(reference[L:L + n], len(reference) - L, cands, vals, hc)
                 t0 += time.perf_counter() - t1  # measurement, not decoding: kept out of the timing
                 walks.append(w)
                 firsts.append(f)

@@ -34,7 +34,7 @@ STATE = "train_state.pt"
 # what a resumed run must share with the saved one, or the trajectory would silently change (the global batch,
 # seqs_per_step x world size, is checked too: the world size itself may change)
 RESUME_KEYS = ("mode", "seed", "anchors", "grad_accum", "eval_sequences", "lr", "warmup", "clip", "gamma", "rho",
-               "num_candidates", "width", "mlp_hidden")
+               "corr_grad", "num_candidates", "width", "mlp_hidden")
 SAVE_DTYPES = ("bfloat16", "float16", "float32")
 
 
@@ -61,6 +61,8 @@ class TrainConfig:
     clip: float = 1.0
     gamma: float = 7.0              # DFlash loss decay
     rho: float = 4.0                # L_corr decay
+    corr_grad: float = 1.0          # joint: weight of L_corr's gradient into the drafter (0: only the DFlash loss
+                                    # trains the drafter, the corrector learns on it as it moves; 1: the paper's sum)
     num_candidates: int = 16
     width: int = 128
     mlp_hidden: int = 256
@@ -96,6 +98,9 @@ class TrainConfig:
             v = getattr(self, f)
             if v is not None and not (isinstance(v, (int, float)) and math.isfinite(v) and v > lo):
                 raise ValueError(f"{f}: expected a finite number > {lo}, got {v!r}")
+        if isinstance(self.corr_grad, bool) or not (isinstance(self.corr_grad, (int, float)) and
+                                                        0 <= self.corr_grad <= 1):
+            raise ValueError(f"corr_grad: expected a weight in [0, 1], got {self.corr_grad!r}")
         if not (isinstance(self.warmup, (int, float)) and 0 <= self.warmup < 1):
             raise ValueError(f"warmup: expected a fraction in [0, 1), got {self.warmup!r}")
 
@@ -214,13 +219,20 @@ class Objective(nn.Module):
         out["tau_dflash"] = _tau(cand_ids[..., 0], target, valid, real)
         if self.corrector is not None:
             with torch.set_grad_enabled(torch.is_grad_enabled() and mode != "drafter"):
-                scores = corrector_scores(self.corrector, h, cand_ids, values, embed)
+                hs, vs = (h, values) if cfg.corr_grad == 1 else (_scale_grad(h, cfg.corr_grad),
+                                                                 _scale_grad(values, cfg.corr_grad))
+                scores = corrector_scores(self.corrector, hs, cand_ids, vs, embed)
                 out["corr"] = correction_loss(scores, cand_ids, target, valid, cfg.rho)
             ranks = select(scores.detach().float(), values[:, 0].detach().float(), "greedy")
             out["tau_dcoco"] = _tau(cand_ids.gather(2, ranks[..., None])[..., 0], target, valid, real)
         out["loss"] = {"drafter": out["dflash"], "corrector": out["corr"], "joint": out["dflash"] + out["corr"]}[mode]
         out["blocks"] = real.sum()
         return out
+
+
+def _scale_grad(x: torch.Tensor, w: float) -> torch.Tensor:
+    """x in the forward; w x its gradient in the backward."""
+    return x.detach() if w == 0 else x.detach() + w * (x - x.detach())
 
 
 def _tau(sel: torch.Tensor, target: torch.Tensor, valid: torch.Tensor, real: torch.Tensor) -> torch.Tensor:
@@ -322,6 +334,8 @@ def train(cfg: TrainConfig, corpus: Corpus | TokenCorpus, embed: torch.Tensor, h
                          f"{sched.steps_per_epoch} micro-batches")
     objective = Objective(drafter, corrector, cfg)
     params = [p for p in objective.parameters() if p.requires_grad]
+    clipped = [g for g in ([p for p in m.parameters() if p.requires_grad] for m in (drafter, corrector)
+                           if m is not None) if g]
     opt = torch.optim.AdamW(params, lr=cfg.lr, weight_decay=0.0)
     warm = int(cfg.warmup * total)
     lr_at = (lambda s: (s + 1) / warm if s < warm else
@@ -351,7 +365,8 @@ def train(cfg: TrainConfig, corpus: Corpus | TokenCorpus, embed: torch.Tensor, h
             parts.append({k: v.detach() for k, v in res.items()})
         res = {k: sum(p[k] for p in parts) for k in parts[0]}  # losses summed over micro-batches, tau and blocks too
         res.update({k: res[k] / accum for k in ("loss", "dflash", "corr")})
-        torch.nn.utils.clip_grad_norm_(params, cfg.clip)
+        for group in clipped:  # per module: a fresh corrector's large L_corr gradient must not shrink the drafter's
+            torch.nn.utils.clip_grad_norm_(group, cfg.clip)
         lr = opt.param_groups[0]["lr"]
         opt.step()
         lr_sched.step()
