@@ -27,6 +27,12 @@ from dcoco.cli import main  # noqa: E402
 from dcoco.evaluate import default_suites  # noqa: E402
 
 
+class Server(ThreadingHTTPServer):
+    # the listen backlog: socketserver's default of 5 resets connections when a loaded machine accepts 16 clients
+    # slowly (seen in CI as httpx ReadErrors)
+    request_queue_size = 128
+
+
 class Stub:
     """A chat-completions server: the answer to a prompt has 3 + len(prompt) % 5 tokens and takes `per_token`
     seconds per token; each request advances the spec-decode counters (split over two engines) by drafts = tokens,
@@ -99,7 +105,7 @@ class Stub:
                     "choices": [choice],
                     "usage": {"prompt_tokens": len(prompt), "completion_tokens": n}}).encode())
 
-        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.server = Server(("127.0.0.1", 0), Handler)
         self.server.daemon_threads = True
         self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
         threading.Thread(target=self.server.serve_forever, daemon=True).start()
