@@ -4,9 +4,12 @@
 #include <pybind11/stl.h>
 
 #include <cstdint>
+#include <optional>
+#include <string>
 #include <vector>
 
 #include "dcoco/api.h"
+#include "dcoco/dispatch.h"
 
 namespace py = pybind11;
 using namespace dcoco;
@@ -95,6 +98,19 @@ PYBIND11_MODULE(_C, m) {
   m.attr("cuda_archs") = "";
 #endif
   m.def("cuda_status", &cuda::status, "(device count, message); never raises");
+  m.def("cuda_path", &cuda::cuda_path, "the fused kernel's arch path on the current CUDA device");
+  m.def(
+      "pick_cuda_path",
+      [](int major, int minor, std::optional<int> ptx, const std::string& built, const std::string& force)
+          -> std::optional<std::string> {
+        const auto best = best_path(major, minor, ptx, built);
+        if (!best) return std::nullopt;
+        return arch_name(chosen_path(*best, force.c_str(), "sm_" + std::to_string(major) + std::to_string(minor)));
+      },
+      "The dispatch rule alone (dcoco/dispatch.h), for tests: the path for a device of compute capability "
+      "major.minor whose loaded image has virtual arch ptx (None: no image), for a build of archs built "
+      "(e.g. '80,90a,100a') and a DCOCO_CUDA_PATH value; None when nothing can run.",
+      py::arg("major"), py::arg("minor"), py::arg("ptx"), py::arg("built"), py::arg("force") = "");
 
   // Each op runs on the CPU, or with cuda=True on the given stream; the GIL is released while it runs.
   m.def(

@@ -13,4 +13,5 @@ void cand_table(const CandTableParams&) { throw std::runtime_error("dcoco was bu
 std::pair<int64_t, int64_t> workspace_sizes(const CorrectParams&) { return {0, 0}; }
 void score_grad(const GradParams<float>&) { throw std::runtime_error("dcoco was built without CUDA"); }
 int64_t grad_workspace_size(const GradParams<float>&) { return 0; }
+std::string cuda_path() { throw std::runtime_error("dcoco was built without CUDA"); }
 }  // namespace dcoco::cuda

@@ -1,6 +1,7 @@
 // The fused forward: every stage of plan.cuh in one launch, with the MMA policy of the device's arch.
 // float32 inputs always take the exact fp32 (SIMT) policy; 16-bit inputs take the arch's tensor cores.
 #pragma once
+#include "dcoco/dispatch.h"
 #include "stage_walk.cuh"
 
 #if defined(__CUDACC__)
@@ -11,8 +12,6 @@
 
 
 namespace dcoco::cuda {
-
-enum class Arch { simt, sm80, sm90, sm100 };
 
 #if defined(__CUDACC__)
 template <Arch A, class Elem, int APlanes>
@@ -73,9 +72,10 @@ __device__ void run_tile(const CorrectParams& p, const Plan& l, int64_t t, char*
   walk_tile(p, l, t - l.stage3, smem, ws, counters);
 }
 
-// Grid: plan.ctas CTAs of kThreads with plan.smem bytes of dynamic shared memory; counters zeroed.
+// Grid: plan.ctas CTAs of kThreads with plan.smem bytes of dynamic shared memory; counters zeroed. sms and
+// smem_cap: what the host planned with (plan_of).
 template <Arch A>
-__global__ void __launch_bounds__(kThreads) correct_kernel(CorrectParams p, int sms) {
+__global__ void __launch_bounds__(kThreads) correct_kernel(CorrectParams p, int sms, int64_t smem_cap) {
 #if defined(__CUDACC__)
   if constexpr (!compiled_for<A>()) {
     __trap();
@@ -83,7 +83,7 @@ __global__ void __launch_bounds__(kThreads) correct_kernel(CorrectParams p, int 
 #endif
   {
     DCOCO_DYNAMIC_SMEM(smem);
-    const Plan l = plan_of(p, sms);
+    const Plan l = plan_of(p, sms, smem_cap);
     __shared__ int64_t ticket;
     if (threadIdx.x == 0) ticket = atomicAdd(p.counters + l.ticket, 1);
     __syncthreads();

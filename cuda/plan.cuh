@@ -44,15 +44,25 @@ struct Plan {
   int64_t part_s, part_c, pred, succ, pq, floats;  // (ksplit,S,3r) (ksplit,C,r) (C,H) (C,H) (S,2H)
   // int32 offsets into the counters (zeroed before the launch)
   int64_t ticket, slot_done, cand_done, group_done, grid_done, ints;
-  // dynamic shared memory of one CTA, in bytes, and the stage-2 carve-out offsets
-  int64_t fz, fc, fg, fgf, fp, fq, fmma, smem;  // z (kBM,r) c (kBM,r) g gf P Q (G,r) each, MMA storage
+  // dynamic shared memory of one CTA, in bytes (the largest stage's), and the stage-2 carve-out offsets
+  int64_t fz, fc, fg, fgf, fp, fq, fmma, smem;  // z (G K,r), then c (G K,r) g gf P Q (G,r) each, MMA storage
+  bool fits;                                    // smem <= the cap plan_of was given
 };
 
-// sms: multiprocessors of the device (0: do not split d).
-__host__ __device__ inline Plan plan_of(const CorrectParams& p, int sms) {
+// Stage 2's shared memory for groups of G slots: z (G K, r) stays live through the GEMM; c, g, gf, P and Q are
+// dead by then, so the MMA storage overlays them.
+__host__ __device__ inline int64_t fuse_smem(int64_t G, int64_t K, int64_t r, bool table) {
+  const int64_t z = align_up(G * K * r * 4), rest = (G * K * r * !table + 4 * G * r) * 4;
+  return z + align_up(rest > kMmaSmem ? rest : kMmaSmem);
+}
+
+// sms: multiprocessors of the device (0: do not split d). cap: the dynamic shared memory one CTA may have, in
+// bytes (the device's opt-in maximum less the kernel's static shared memory): stage-2 groups shrink to fit it.
+__host__ __device__ inline Plan plan_of(const CorrectParams& p, int sms, int64_t cap) {
   Plan l{};
   const int64_t r = p.r, H = p.H, kblocks = cdiv(p.d, kBK);
   l.S = p.R * p.B, l.C = l.S * p.K, l.G = p.K <= kBM ? kBM / p.K : 1;
+  while (l.G > 1 && fuse_smem(l.G, p.K, r, p.table) > cap) --l.G;
   l.s_mt = cdiv(l.S, kBM), l.s_nt = cdiv(3 * r, kBN);
   l.c_mt = p.table ? 0 : cdiv(l.C, kBM), l.c_nt = p.table ? 0 : cdiv(r, kBN);
   // about two tiles per SM, but at least 4 k-blocks per range
@@ -68,13 +78,14 @@ __host__ __device__ inline Plan plan_of(const CorrectParams& p, int sms) {
   l.succ = l.pred + l.C * H, l.pq = l.succ + l.C * H, l.floats = l.pq + l.S * 2 * H;
   l.ticket = 0, l.slot_done = 1, l.cand_done = l.slot_done + l.s_mt, l.group_done = l.cand_done + l.c_mt;
   l.grid_done = l.group_done + l.groups, l.ints = l.grid_done + p.R;
-  const int64_t rows = kBM * r * 4, slots = l.G * r * 4;
-  l.fz = 0, l.fc = align_up(l.fz + rows), l.fg = align_up(l.fc + (p.table ? 0 : rows)), l.fgf = l.fg + slots;
-  l.fp = l.fgf + slots, l.fq = l.fp + slots, l.fmma = align_up(l.fq + slots);
-  const int64_t stage1 = align_up((kBM + kBN) * 8) + kMmaSmem, stage2 = l.fmma + kMmaSmem;
+  const int64_t rows = l.G * p.K * r * 4, slots = l.G * r * 4;
+  l.fz = 0, l.fc = align_up(rows), l.fg = l.fc + (p.table ? 0 : rows), l.fgf = l.fg + slots;
+  l.fp = l.fgf + slots, l.fq = l.fp + slots, l.fmma = l.fc;
+  const int64_t stage1 = align_up((kBM + kBN) * 8) + kMmaSmem, stage2 = fuse_smem(l.G, p.K, r, p.table);
   const int64_t walk = ((p.B - 1) * H + kThreads + 2 * kMaxCandidates) * 4;
   l.smem = stage1 > stage2 ? stage1 : stage2;
   l.smem = l.smem > walk ? l.smem : walk;
+  l.fits = l.smem <= cap;
   return l;
 }
 

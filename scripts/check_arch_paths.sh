@@ -11,7 +11,7 @@ out=$(mktemp -d)
 trap 'rm -rf "$out"' EXIT
 check() {  # arch, instruction that must appear
   nvcc -std=c++17 --expt-relaxed-constexpr -ptx -arch="compute_$1" -Icpp/include -isystem "$cutlass" \
-    cuda/correct.cu -o "$out/$1.ptx"
+    -DDCOCO_CUDA_ARCHS_BUILT="\"$1\"" cuda/correct.cu -o "$out/$1.ptx"
   local n
   n=$(grep -c "$2" "$out/$1.ptx" || true)
   [ "$n" -gt 0 ] || { echo "sm_$1: no '$2' in the PTX"; exit 1; }

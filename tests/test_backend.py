@@ -45,23 +45,59 @@ def test_bad_environment_variable_is_named():
 BUILT = ("sm_80", "sm_90", "sm_100")
 
 
-@pytest.mark.parametrize("setting,device,arch,built,validated,want,why", [
-    ("auto", "cpu", None, True, (), "fused", "compiled CPU core"),
-    ("native", "cpu", None, True, (), "native", "forced"),
-    ("fused", "cpu", None, False, (), "fused", "forced"),
-    ("auto", "cuda", "sm_90", False, (), "native", "nvcc was not found"),
-    ("auto", "cuda", "sm_86", True, ("sm_86",), "native", "no kernel for sm_86 (built for sm_80, sm_90, sm_100)"),
-    ("auto", "cuda", "sm_90", True, (), "native", "not validated on sm_90"),
-    ("auto", "cuda", "sm_90", True, ("sm_90",), "fused", "validated on sm_90"),
-    ("auto", "cuda", "sm_100", True, ("sm_90",), "native", "not validated on sm_100"),
-    ("fused", "cuda", "sm_90", True, (), "fused", "forced"),
-    ("native", "cuda", "sm_90", True, ("sm_90",), "native", "forced"),
-    ("auto", "mps", None, True, (), "native", "no fused kernel for mps"),
-    ("auto", "xpu", None, True, (), "native", "no fused kernel for xpu"),
+@pytest.mark.parametrize("setting,device,arch,built,validated,path,want,why", [
+    ("auto", "cpu", None, True, (), None, "fused", "compiled CPU core"),
+    ("native", "cpu", None, True, (), None, "native", "forced"),
+    ("fused", "cpu", None, False, (), None, "fused", "forced"),
+    ("auto", "cuda", "sm_90", False, (), None, "native", "nvcc was not found"),
+    ("auto", "cuda", "sm_86", True, ("sm_86",), "sm80", "native",
+     "no kernel for sm_86 (built for sm_80, sm_90, sm_100)"),
+    ("auto", "cuda", "sm_90", True, (), "sm90", "native", "not validated on sm_90"),
+    ("auto", "cuda", "sm_90", True, ("sm_90",), "sm90", "fused", "validated on sm_90 (sm90 path)"),
+    ("auto", "cuda", "sm_100", True, ("sm_90",), "sm100", "native", "not validated on sm_100"),
+    ("fused", "cuda", "sm_90", True, (), "sm90", "fused", "forced (sm90 path)"),
+    ("fused", "cuda", "sm_103", True, (), "sm80", "fused", "forced (sm80 path)"),  # PTX JIT: mma.sync, no tcgen05
+    ("fused", "cuda", "sm_75", True, (), None, "native", "none of this build's code runs on sm_75 (built for sm_80"),
+    ("auto", "cuda", "sm_90", True, ("sm_90",), None, "native", "none of this build's code runs on sm_90"),
+    ("native", "cuda", "sm_90", True, ("sm_90",), "sm90", "native", "forced"),
+    ("auto", "mps", None, True, (), None, "native", "no fused kernel for mps"),
+    ("auto", "xpu", None, True, (), None, "native", "no fused kernel for xpu"),
 ])
-def test_decision_for_every_kind_of_device(setting, device, arch, built, validated, want, why):
-    name, reason = backend.decide(setting, device, arch, built, BUILT if built else (), validated)
+def test_decision_for_every_kind_of_device(setting, device, arch, built, validated, path, want, why):
+    name, reason = backend.decide(setting, device, arch, built, BUILT if built else (), validated, path)
     assert name == want and why in reason
+
+
+ARCHS = "80,90a,100a"  # the default DCOCO_CUDA_ARCHS
+
+
+@pytest.mark.parametrize("major,minor,ptx,built,force,want", [
+    (9, 0, 90, ARCHS, "", "sm90"),      # H100/H200: the sm_90a image, wgmma
+    (10, 0, 100, ARCHS, "", "sm100"),   # B200: the sm_100a image, tcgen05
+    (10, 3, 80, ARCHS, "", "sm80"),     # B300: no sm_103a image; the driver JITs compute_80 PTX (never the trap)
+    (10, 3, 103, "80,103a", "", "sm100"),
+    (12, 0, 80, ARCHS, "", "sm80"),     # RTX 5090: compute_80 PTX
+    (8, 6, 80, ARCHS, "", "sm80"),      # A10 / RTX 3090: sm_80 SASS
+    (9, 0, 80, "80", "", "sm80"),       # a build without 90a: mma.sync on an H100
+    (9, 0, 90, "80,90", "", "sm80"),    # compute_90 without "a" has no wgmma
+    (7, 5, None, ARCHS, "", None),      # T4: no image loads; the backend runs native
+    (9, 0, 90, ARCHS, "simt", "simt"),
+    (9, 0, 90, ARCHS, "sm80", "sm80"),
+    (10, 0, 100, ARCHS, "sm100", "sm100"),
+])
+def test_arch_path_from_the_loaded_image(major, minor, ptx, built, force, want):
+    assert dcoco._C.pick_cuda_path(major, minor, ptx, built, force) == want
+
+
+@pytest.mark.parametrize("major,minor,ptx,force,match", [
+    (10, 3, 80, "sm100", "has no sm100 path"),  # forcing tcgen05 where only PTX for sm_80 loaded
+    (9, 0, 80, "sm90", "has no sm90 path"),
+    (8, 0, 80, "sm90", "has no sm90 path"),
+    (9, 0, 90, "wgmma", "expected simt, sm80, sm90 or sm100"),
+])
+def test_forced_path_the_image_lacks_is_refused(major, minor, ptx, force, match):
+    with pytest.raises(ValueError, match=match):
+        dcoco._C.pick_cuda_path(major, minor, ptx, ARCHS, force)
 
 
 def test_fused_forced_where_no_kernel_exists_is_refused():

@@ -59,18 +59,25 @@ def write_inputs(folder: Path, case, ids, *meta) -> None:
         codes[lg.dtype], codes[E.dtype], *meta])))
 
 
-def run_kernel(runner, folder: Path, case, table=None, scores=True, ids=None, sms=0):
+# dynamic shared memory per block of sm_86/89/120 (99 KB), A100 (163 KB) and H100/H200/B200 (227 KB), less 1 KB
+# for the kernel's static shared memory
+CAPS = {"99KB": 98 * 1024, "163KB": 162 * 1024, "227KB": 226 * 1024}
+
+
+def run_kernel(runner, folder: Path, case, table=None, scores=True, ids=None, sms=0, cap=CAPS["227KB"], launch=0):
     cand_ids = case.cand_ids if ids is None else ids
     R, B, K = cand_ids.shape
     raw(table if table is not None else torch.zeros(1))(folder / "table.bin")
-    write_inputs(folder, case, cand_ids, int(table is not None), int(scores), sms)
+    write_inputs(folder, case, cand_ids, int(table is not None), int(scores), sms, cap, launch)
     subprocess.run([str(runner), str(folder)], check=True)
-    out = {k: torch.from_numpy(np.fromfile(folder / f"{k}.bin", dtype=np.int64)).view(R, B) for k in ("ranks", "tokens")}
+    out = {k: torch.from_numpy(np.fromfile(folder / f"{k}.bin", dtype=np.int64)).view(R, B)
+           for k in ("ranks", "tokens")}
     if scores:
         out["scores"] = torch.from_numpy(np.fromfile(folder / "scores.bin", dtype=np.float32)).view(R, B - 1, K, K)
     return out
 
 
+@pytest.mark.parametrize("cap", list(CAPS))
 @pytest.mark.parametrize("R,B,K,d,dtype,id_dtype,table,sms", [
     (2, 15, 4, 64, torch.float32, torch.int64, False, 0),  # no table: stage 1 also projects B K embeddings
     (2, 15, 16, 64, torch.bfloat16, torch.int32, True, 0),
@@ -78,19 +85,60 @@ def run_kernel(runner, folder: Path, case, table=None, scores=True, ids=None, sm
     (1, 16, 1, 64, torch.bfloat16, torch.int64, True, 0),
     (5, 15, 16, 256, torch.float32, torch.int32, True, 64),  # d split in 2; slot groups straddle requests
     (1, 15, 12, 400, torch.bfloat16, torch.int64, False, 64),  # d split in 3, a partial last k-block; 5-slot groups
+    (5, 15, 1, 64, torch.float32, torch.int64, False, 0),  # K=1 without the table: groups shrink under 163 KB
 ])
-def test_emulated_kernel_matches_reference(runner, tmp_path, R, B, K, d, dtype, id_dtype, table, sms):
+def test_emulated_kernel_matches_reference(runner, tmp_path, R, B, K, d, dtype, id_dtype, table, sms, cap):
     case = make_case(R, B, K, d, V=200, dtype=dtype, id_dtype=id_dtype, seed=R + B + K + d)
     tab = case.corrector.prepare_inference(case.embed) if table else None
     s64 = case.ref_scores()
     scale = s64.abs().max().item() + 1.0
-    out = run_kernel(runner, tmp_path, case, tab, scores=True, sms=sms)
+    out = run_kernel(runner, tmp_path, case, tab, scores=True, sms=sms, cap=CAPS[cap])
     torch.testing.assert_close(out["scores"].double(), s64, rtol=1e-5, atol=2e-5 * scale)
     assert_walk_matches(out["ranks"], s64, case.cand_logits[:, 0], atol=1e-4 * scale)
     assert torch.equal(out["tokens"], torch.gather(case.cand_ids.long(), 2, out["ranks"][..., None])[..., 0])
-    walk_only = run_kernel(runner, tmp_path, case, tab, scores=False, sms=sms)  # the walk without the grid
+    walk_only = run_kernel(runner, tmp_path, case, tab, scores=False, sms=sms, cap=CAPS[cap])  # no grid, the walk
     assert torch.equal(walk_only["ranks"], out["ranks"]) or (walk_only["ranks"] != out["ranks"]).float().mean() < 0.05
     assert_walk_matches(walk_only["ranks"], s64, case.cand_logits[:, 0], atol=1e-4 * scale)
+
+
+@pytest.fixture(scope="module")
+def plan_sizes(tmp_path_factory):
+    exe = build(tmp_path_factory, "plan_sizes")
+
+    def run(rows: list[tuple]) -> list[tuple[bool, int, int]]:
+        out = subprocess.run([str(exe)], input="\n".join(" ".join(map(str, r)) for r in rows), text=True,
+                             capture_output=True, check=True).stdout.split("\n")
+        return [(bool(int(f)), int(s), int(g)) for f, s, g in (line.split() for line in out if line)]
+    return run
+
+
+def test_every_k_fits_every_device(plan_sizes):
+    """K = 1..64, with and without the vocabulary table, grid or walk only, at r=128 / H=256 and d up to 8192:
+    the plan fits 99, 163 and 227 KB per block, and only shrinks its slot groups where it must."""
+    rows = [(8, 15, K, d, 128, 256, table, scores, 1, sms, cap) for K in range(1, 65) for table in (0, 1)
+            for scores in (0, 1) for d, sms in ((64, 0), (4096, 132), (8192, 148)) for cap in CAPS.values()]
+    plans = plan_sizes(rows)
+    for row, (fits, smem, G) in zip(rows, plans):
+        K, cap = row[2], row[-1]
+        assert fits and smem <= cap, row
+        assert G == (64 // K if K <= 64 else 1) or smem > cap - 3 * 1024 * 4, (row, G)  # shrunk only when tight
+    by_cap = {cap: min(G for row, (_, _, G) in zip(rows, plans) if row[2] == 1 and row[6] == 0 and row[-1] == cap)
+              for cap in CAPS.values()}
+    assert by_cap[CAPS["99KB"]] < by_cap[CAPS["163KB"]] < 64 == by_cap[CAPS["227KB"]]  # K=1, no table
+
+
+def test_a_cap_below_the_smallest_plan_is_an_error(runner, tmp_path):
+    case = make_case(1, 4, 4, 64, V=200, seed=3)
+    with pytest.raises(subprocess.CalledProcessError) as e:
+        run_kernel(runner, tmp_path, case, cap=16 * 1024)
+    assert e.value.returncode == 5  # the plan does not fit: refused, never launched
+
+
+def test_shared_memory_past_the_launch_size_is_caught(runner, tmp_path):
+    case = make_case(2, 15, 4, 64, V=200, seed=4)
+    with pytest.raises(subprocess.CalledProcessError) as e:  # launched with less than the plan uses
+        run_kernel(runner, tmp_path, case, launch=8 * 1024)
+    assert e.value.returncode == 6
 
 
 def test_emulated_kernel_never_selects_out_of_range_ids(runner, tmp_path):

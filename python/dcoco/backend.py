@@ -5,7 +5,8 @@ Settings (DCOCO_BACKEND in the environment at import, or set_backend / use_backe
   auto    the fused kernel where it is proven: the CPU always; a CUDA device only when this build holds code
           for its arch and the arch is in VALIDATED_CUDA_ARCHS. Anything else runs native, with one log line
           per device saying why.
-  fused   the kernel wherever it exists (CPU, CUDA), validated or not.
+  fused   the kernel wherever it exists (CPU, CUDA), validated or not; a GPU that none of this build's code runs
+          on (an arch older than every one built) runs native, with a warning naming it and the archs built.
   native  plain PyTorch everywhere.
 Devices without a fused kernel (MPS, XPU, ...) always run native.
 """
@@ -70,10 +71,22 @@ def _cuda_arch(index: int | None) -> str:
     return f"sm_{major}{minor}"
 
 
+def _cuda_path(index: int | None) -> str | None:
+    """The fused kernel's arch path on CUDA device index: what the code the runtime loaded for it holds
+    (dcoco/dispatch.h), or None when none of this build's code runs there."""
+    try:
+        with torch.cuda.device(index):
+            return _C.cuda_path()
+    except RuntimeError:
+        return None
+
+
 def decide(setting: str, device_type: str, arch: str | None = None, built_with_cuda: bool = False,
-           built_archs: tuple[str, ...] = (), validated: tuple[str, ...] = ()) -> tuple[str, str]:
-    """(backend, why) from the facts alone: the setting, the device type, the CUDA device's arch (sm_XY), and
-    what this build holds. Pure, so every branch is tested on a machine without a GPU."""
+           built_archs: tuple[str, ...] = (), validated: tuple[str, ...] = (), path: str | None = None
+           ) -> tuple[str, str]:
+    """(backend, why) from the facts alone: the setting, the device type, the CUDA device's arch (sm_XY), what
+    this build holds, and the kernel path the build's code offers on the device (None: no code loads there).
+    Pure, so every branch is tested on a machine without a GPU."""
     if setting == "native":
         return "native", "native forced (DCOCO_BACKEND / dcoco.set_backend)"
     if device_type in ("cpu", "meta"):
@@ -83,15 +96,20 @@ def decide(setting: str, device_type: str, arch: str | None = None, built_with_c
             raise ValueError(f"backend: 'fused' has no kernel for {device_type} tensors (cpu and cuda only); "
                              "use 'auto' or 'native'")
         return "native", f"no fused kernel for {device_type}"
-    if setting == "fused":
-        return "fused", "fused forced"  # without CUDA in the build, the op then says so
     if not built_with_cuda:
+        if setting == "fused":
+            return "fused", "fused forced"  # the op then says the build has no CUDA
         return "native", "the CUDA kernel was not built (nvcc was not found when dcoco was installed)"
+    built = ", ".join(built_archs) or "none"
+    if path is None:
+        return "native", f"none of this build's code runs on {arch} (built for {built})"
+    if setting == "fused":
+        return "fused", f"fused forced ({path} path)"
     if arch not in built_archs:
-        return "native", f"this build has no kernel for {arch} (built for {', '.join(built_archs) or 'none'})"
+        return "native", f"this build has no kernel for {arch} (built for {built})"
     if arch not in validated:
         return "native", f"the fused kernel is not validated on {arch} yet (bench/gpu_check.sh)"
-    return "fused", f"the fused kernel, validated on {arch}"
+    return "fused", f"the fused kernel, validated on {arch} ({path} path)"
 
 
 @torch.compiler.assume_constant_result
@@ -99,10 +117,12 @@ def _resolve_key(setting: str, device: str) -> tuple[str, str]:
     key = (setting, device)
     if key not in _decided:
         dev = torch.device(device)
-        arch = _cuda_arch(dev.index) if dev.type == "cuda" and _C.built_with_cuda and setting == "auto" else None
-        _decided[key] = decide(setting, dev.type, arch, _C.built_with_cuda, BUILT_CUDA_ARCHS, VALIDATED_CUDA_ARCHS)
+        cuda = dev.type == "cuda" and _C.built_with_cuda and setting != "native"
+        arch, path = (_cuda_arch(dev.index), _cuda_path(dev.index)) if cuda else (None, None)
+        _decided[key] = decide(setting, dev.type, arch, _C.built_with_cuda, BUILT_CUDA_ARCHS, VALIDATED_CUDA_ARCHS,
+                               path)
         name, why = _decided[key]
-        if name == "native" and setting == "auto":
+        if name == "native" and setting != "native":
             log.warning("dcoco: %s runs the native PyTorch backend: %s", device, why)
     return _decided[key]
 

@@ -3,6 +3,9 @@
 // thread (so `__shared__` = thread_local static is per block); inside a block every CUDA thread is a
 // coroutine (ucontext), and a barrier yields until every thread of its block (or warp) has arrived.
 // Spin-waits on other blocks yield the OS thread. Only what dcoco's kernels use is emulated.
+// Dynamic shared memory is the launch's size, and every byte after it (up to more than any GPU allows) is a guard
+// checked after every block: a kernel that writes past what it was launched with stops the run, as the GPU would
+// fault.
 #pragma once
 #include <ucontext.h>
 
@@ -22,6 +25,7 @@
 #define __forceinline__ inline
 #define __launch_bounds__(n)
 #define __shared__ static thread_local
+#define DCOCO_DYNAMIC_SMEM(name) char* const name = emu::dynamic_smem.data()
 
 struct dim3 {
   unsigned x = 1, y = 1, z = 1;
@@ -48,6 +52,17 @@ inline thread_local ucontext_t scheduler;
 inline thread_local Barrier block_barrier;
 inline thread_local std::vector<Barrier> warp_barriers;
 inline thread_local std::vector<float> exchange;  // one slot per thread for warp shuffles
+constexpr size_t kSpan = 260 * 1024;              // bytes of each block's buffer: any GPU's limit, and more
+constexpr unsigned char kCanary = 0xA5;
+inline size_t dynamic_bytes = 0;                   // the launch's dynamic shared memory
+struct alignas(1024) Chunk {
+  char bytes[1024];
+};
+struct SharedBuffer {
+  std::vector<Chunk> chunks;  // 1024-aligned, as the kernels' carve-outs assume
+  char* data() { return chunks.front().bytes; }
+};
+inline thread_local SharedBuffer dynamic_smem;  // the block this OS thread runs
 
 inline void wait(Barrier& b) {
   const unsigned gen = b.generation;
@@ -109,6 +124,9 @@ inline void run_block(dim3 idx, std::vector<Thread>& pool) {
     t.ctx.uc_stack.ss_sp = t.stack.get(), t.ctx.uc_stack.ss_size = 256 * 1024, t.ctx.uc_link = nullptr;
     makecontext(&t.ctx, trampoline, 0);
   }
+  char* guard = dynamic_smem.data() + dynamic_bytes;  // every byte past the launch's size, up to kSpan
+  const size_t guarded = kSpan - dynamic_bytes;
+  std::memset(guard, kCanary, guarded);
   for (unsigned live = n; live;) {
     live = 0;
     for (auto& t : pool) {
@@ -118,17 +136,25 @@ inline void run_block(dim3 idx, std::vector<Thread>& pool) {
       live += !t.done;
     }
   }
+  for (size_t i = 0; i < guarded; ++i)
+    if (static_cast<unsigned char>(guard[i]) != kCanary) {
+      std::fprintf(stderr, "emulated block (%u,%u) wrote shared memory byte %zu, past the %zu it was launched with\n",
+                   idx.x, idx.y, dynamic_bytes + i, dynamic_bytes);
+      std::exit(6);
+    }
 }
 
-// kernel<<<grid, threads>>>(args...) as launch(grid, threads, [&] { kernel(args...); }): `workers` OS
-// threads take blocks in order, so up to that many blocks are in flight at once, like CTAs on SMs.
-inline void launch(dim3 grid, dim3 threads, const std::function<void()>& kernel, unsigned workers = 4) {
-  grid_dim = grid, block_dim = threads, body = &kernel;
+// kernel<<<grid, threads, smem>>>(args...) as launch(grid, threads, smem, [&] { kernel(args...); }): `workers`
+// OS threads take blocks in order, so up to that many blocks are in flight at once, like CTAs on SMs.
+inline void launch(dim3 grid, dim3 threads, size_t smem, const std::function<void()>& kernel, unsigned workers = 4) {
+  grid_dim = grid, block_dim = threads, body = &kernel, dynamic_bytes = smem;
   std::atomic<uint64_t> next{0};
   const uint64_t blocks = uint64_t(grid.x) * grid.y;
   std::vector<std::thread> pool;
   for (unsigned w = 0; w < workers; ++w)
     pool.emplace_back([&] {
+      if (dynamic_bytes > kSpan) std::exit(5);  // over every GPU's limit
+      dynamic_smem.chunks.assign(kSpan / sizeof(Chunk), Chunk{});
       std::vector<Thread> threads_of_block(block_dim.x);
       for (auto& t : threads_of_block) t.stack.reset(new char[256 * 1024]);
       for (uint64_t b; (b = next.fetch_add(1)) < blocks;)

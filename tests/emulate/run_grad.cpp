@@ -2,7 +2,6 @@
 // tests/test_cuda_emulated.py (inputs.h plus grad.bin); writes the gradients there.
 #include "cuda_emulation.h"
 // the emulation header must come first: it defines the CUDA keywords the kernels use
-#define DCOCO_DYNAMIC_SMEM(name) alignas(1024) static thread_local char name[1 << 16]
 #include "score_grad.cuh"
 
 #include <string>
@@ -31,14 +30,16 @@ int main(int argc, char** argv) {
   p.workspace = workspace.data();
   // the launch sequence of cuda/grad.cu
   const dim3 block(cuda::kThreads);
-  emu::launch(dim3(unsigned(l.S)), block, [&] { cuda::grad_forward_kernel(p); });
-  emu::launch(dim3(unsigned(l.Tn)), block, [&] { cuda::grad_transition_kernel(p); });
-  emu::launch(dim3(unsigned(l.S)), block, [&] { cuda::grad_slot_kernel(p); });
+  const size_t vec = size_t(r) * sizeof(float);
+  emu::launch(dim3(unsigned(l.S)), block, vec, [&] { cuda::grad_forward_kernel(p); });
+  emu::launch(dim3(unsigned(l.Tn)), block, vec, [&] { cuda::grad_transition_kernel(p); });
+  emu::launch(dim3(unsigned(l.S)), block, vec, [&] { cuda::grad_slot_kernel(p); });
   cuda::OuterSum sums[cuda::kOuterSums];
   cuda::outer_sums(p, sums);
   for (const auto& o : sums)
-    emu::launch(dim3(unsigned(cuda::cdiv(o.N * o.Kd, cuda::kThreads))), block, [&] { cuda::outer_sum_kernel(o, p); });
-  emu::launch(dim3(unsigned(cuda::cdiv(r + H + 1, cuda::kThreads))), block, [&] { cuda::column_sum_kernel(p); });
+    emu::launch(dim3(unsigned(cuda::cdiv(o.N * o.Kd, cuda::kThreads))), block, 0,
+                [&] { cuda::outer_sum_kernel(o, p); });
+  emu::launch(dim3(unsigned(cuda::cdiv(r + H + 1, cuda::kThreads))), block, 0, [&] { cuda::column_sum_kernel(p); });
   write_file(dir + "/d_hidden.bin", d_hidden.data(), d_hidden.size());
   write_file(dir + "/d_logits.bin", d_logits.data(), d_logits.size());
   for (int i = 0; i < 10; ++i) write_file(dir + "/d_w" + std::to_string(i) + ".bin", d_w[i].data(), d_w[i].size());

@@ -29,6 +29,8 @@ void score_grad(const GradParams<float>& p);            // a few launches, no ho
 int64_t grad_workspace_size(const GradParams<float>& p);  // floats
 // (device count, message); never throws, also without a driver.
 std::pair<int, std::string> status();
+// The fused kernel's arch path on the current device (dcoco/dispatch.h); throws when no built code runs there.
+std::string cuda_path();
 }  // namespace cuda
 
 }  // namespace dcoco
