@@ -6,7 +6,7 @@ import torch
 import torch.nn.functional as F
 
 from dcoco.dflash import decayed_mean, dflash_loss
-from dcoco.head import chunk_rows, topk_ce
+from dcoco.head import chunk_rows, shortlist_ce, topk_ce
 
 
 def _inputs(dtype, R=5, B=7, d=32, V=300, seed=0):
@@ -75,3 +75,38 @@ def test_no_grad_labels_none_and_bad_arguments():
         topk_ce(h, W, labels[:2], 3)
     with pytest.raises(ValueError, match="k"):
         topk_ce(h, W, labels, 0)
+
+
+@pytest.mark.parametrize("dtype,tol", [(torch.float32, 1e-5), (torch.bfloat16, 2e-2)])
+def test_shortlist_is_the_softmax_over_its_candidates(dtype, tol):
+    h, W, labels, valid = _inputs(dtype)
+    vocab = torch.randperm(300, generator=torch.Generator().manual_seed(1))[:40]
+    ce, values, ids = shortlist_ce(h, W, labels, vocab, 16)
+    g, = torch.autograd.grad(_objective(ce, values, valid), h)
+    cand = sorted(set(vocab.tolist()) | set(labels.flatten().tolist()))  # the literal candidate set
+    logits = F.linear(h, W)
+    outside = torch.ones(300, dtype=torch.bool)
+    outside[cand] = False
+    masked = logits.masked_fill(outside, -1e4)  # the full softmax with every other token removed (exp underflows)
+    top = masked.topk(16, dim=-1)
+    ref = dflash_loss(masked, labels, valid, 7.0) + top.values.float().square().mean()
+    g_ref, = torch.autograd.grad(ref, h)
+    torch.testing.assert_close(_objective(ce, values, valid), ref, rtol=tol, atol=tol)
+    torch.testing.assert_close(values, top.values, rtol=tol, atol=tol)
+    if dtype == torch.float32:
+        assert torch.equal(ids, top.indices)
+    torch.testing.assert_close(g.float(), g_ref.float(), rtol=tol, atol=tol)
+    whole, *_ = shortlist_ce(h, W, labels, torch.arange(300), 16)  # the whole vocabulary: topk_ce's loss
+    torch.testing.assert_close(whole, topk_ce(h, W, labels, 16)[0], rtol=tol, atol=tol)
+
+
+def test_shortlist_bad_arguments():
+    h, W, labels, _ = _inputs(torch.float32)
+    with pytest.raises(ValueError, match="hidden"):
+        shortlist_ce(h[..., :8], W, labels, torch.arange(10), 4)
+    with pytest.raises(ValueError, match="labels"):
+        shortlist_ce(h, W, labels[:, :3], torch.arange(10), 4)
+    with pytest.raises(ValueError, match="k"):
+        shortlist_ce(h[:1, :1], W, labels[:1, :1], torch.arange(2), 4)
+    with pytest.raises(ValueError, match="vocab"):
+        shortlist_ce(h, W, labels, torch.tensor([300]), 4)

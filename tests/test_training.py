@@ -19,7 +19,7 @@ from safetensors.torch import load_file, save_file  # noqa: E402
 from dcoco import checkpoint, cli, corpus as corpus_mod, recipe, tiny  # noqa: E402
 from dcoco.corrector import Corrector  # noqa: E402
 from dcoco.dflash import DFlashDrafter  # noqa: E402
-from dcoco.training import Objective, Schedule, TrainConfig, _tau, sample_anchors, train  # noqa: E402
+from dcoco.training import Objective, Schedule, TrainConfig, _tau, frequent_tokens, sample_anchors, train  # noqa: E402
 
 TAPS = tiny.TAPS
 SETTINGS = corpus_mod.CorpusSettings(TAPS, max_new_tokens=24, gen_batch=4, feat_batch=4)
@@ -125,6 +125,32 @@ def test_each_mode_learns_a_repeated_batch(mode, target, corpus):
         losses.append(float(out["loss"].detach()))
     assert losses[-1] < 0.9 * losses[0], losses
     assert ("tau_dcoco" in out) == (mode != "drafter") and float(out["blocks"]) > 0
+
+
+def test_shortlisted_loss_learns_and_evaluates_on_the_whole_head(target, corpus):
+    embed, head = frozen(target)
+    vocab = frequent_tokens(corpus, 20)
+    counts = torch.bincount(corpus.ids[corpus.response])
+    assert len(vocab) == 20 and torch.equal(vocab, vocab.sort().values)
+    assert counts[vocab].min() >= counts.sort(descending=True).values[19]  # the 20 most frequent
+    torch.manual_seed(0)
+    drafter = DFlashDrafter(drafter_cfg(target))
+    obj = Objective(drafter, None, small(mode="drafter", loss_vocab=20), vocab)
+    batch = Schedule(corpus, 0, 2, 8, 0, 1).batch(0)
+    opt = torch.optim.AdamW(drafter.parameters(), lr=1e-2)
+    losses = []
+    for _ in range(12):
+        out = obj(batch, embed, head)
+        opt.zero_grad()
+        out["loss"].backward()
+        opt.step()
+        losses.append(float(out["loss"].detach()))
+    assert losses[-1] < 0.9 * losses[0], losses
+    with torch.no_grad():  # evaluation: the loss over every row of the head, as without a shortlist
+        whole = Objective(drafter, None, small(mode="drafter"))(batch, embed, head)["dflash"]
+        assert torch.equal(obj(batch, embed, head)["dflash"], whole)
+    with pytest.raises(ValueError, match="loss_vocab"):
+        TrainConfig(mode="joint", loss_vocab=20)
 
 
 def test_fresh_corrector_keeps_the_drafter_argmax(target, corpus):

@@ -106,6 +106,9 @@ def _train_parser(p: argparse.ArgumentParser) -> None:
     g.add_argument("--corr-grad", type=float, default=d.corr_grad,
                    help="joint: weight of L_corr's gradient into the drafter; 0 trains the drafter on the DFlash "
                         "loss alone while the corrector learns on it (%(default)s: the paper's sum)")
+    g.add_argument("--loss-vocab", type=int,
+                   help="drafter mode: the DFlash loss over the corpus's N most frequent response tokens plus each "
+                        "batch's labels instead of the whole vocabulary (a cheaper step; default: all of it)")
     g.add_argument("--seed", type=int, default=d.seed, help="(%(default)s)")
     g.add_argument("--save-every", type=int, default=d.save_every, help="steps between checkpoints (%(default)s)")
     g.add_argument("--log-every", type=int, default=d.log_every, help="steps per printed summary (%(default)s)")
@@ -358,7 +361,7 @@ def train_options(args: argparse.Namespace) -> tuple:
                       anchors=args.anchors, lr=args.lr, logit_chunk=args.logit_chunk, save_dtype=args.save_dtype,
                       dist_timeout=args.dist_timeout, grad_checkpoint=args.grad_checkpoint,
                       warmup=args.warmup, num_candidates=args.candidates, width=args.width,
-                      mlp_hidden=args.mlp_hidden, corr_grad=args.corr_grad, seed=args.seed,
+                      mlp_hidden=args.mlp_hidden, corr_grad=args.corr_grad, loss_vocab=args.loss_vocab, seed=args.seed,
                       save_every=args.save_every,
                       log_every=args.log_every, eval_sequences=args.eval_sequences, eval_every=args.eval_every,
                       resume=args.resume, device=args.device)

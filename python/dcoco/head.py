@@ -3,7 +3,10 @@ and the top-K candidates, without ever holding a full (rows, V) logits tensor (n
 
 With gradients on and more than one chunk, each chunk runs under activation checkpointing, so backward recomputes
 that chunk's logits instead of keeping them all: peak memory is one chunk's logits, at the price of one more head
-matmul in backward. When everything fits in one chunk nothing is recomputed (what small CPU runs do)."""
+matmul in backward. When everything fits in one chunk nothing is recomputed (what small CPU runs do).
+
+`shortlist_ce` is the cheap step: the same loss over a candidate vocabulary (a shortlist plus the batch's labels)
+instead of all V rows, for drafter-only training where the head is most of a step's cost."""
 
 from __future__ import annotations
 
@@ -63,3 +66,27 @@ def topk_ce(hidden: torch.Tensor, head: torch.Tensor, labels: torch.Tensor | Non
     values = torch.cat([p[1] for p in parts]).view(*lead, k)
     ids = torch.cat([p[2] for p in parts]).view(*lead, k)
     return ce, values, ids
+
+
+def shortlist_ce(hidden: torch.Tensor, head: torch.Tensor, labels: torch.Tensor, vocab: torch.Tensor, k: int
+                 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """topk_ce's (ce, values, ids) with the softmax and the top-k restricted to the rows vocab (n,) of head plus
+    every label: ce is the cross-entropy over those candidates only (a sampled softmax without sampling), the
+    top-k is the candidates' top-k. Exact when no other token's logit matters; bench/levers.py measures it."""
+    V, d = head.shape
+    if hidden.shape[-1] != d:
+        raise ValueError(f"hidden: expected last dimension {d} (the head's), got {tuple(hidden.shape)}")
+    if labels.shape != hidden.shape[:-1]:
+        raise ValueError(f"labels: expected shape {tuple(hidden.shape[:-1])} to match hidden, "
+                         f"got {tuple(labels.shape)}")
+    lab = labels.reshape(-1).long()
+    cand = torch.unique(torch.cat([vocab.to(lab.device, torch.long), lab]))  # sorted, so labels map by search
+    if not 1 <= k <= cand.numel():
+        raise ValueError(f"k: expected 1..{cand.numel()} (the candidate vocabulary), got {k}")
+    if bool((cand[0] < 0) | (cand[-1] >= V)):
+        raise ValueError(f"labels / vocab: token ids must lie in [0, {V})")
+    x = hidden.reshape(-1, d)
+    logits = DFlashDrafter.compute_logits(x, head[cand])  # (rows, n')
+    ce = F.cross_entropy(logits.float(), torch.searchsorted(cand, lab), reduction="none").view(labels.shape)
+    top = logits.topk(k, dim=-1)
+    return ce, top.values.view(*labels.shape, k), cand[top.indices].view(*labels.shape, k)

@@ -25,7 +25,7 @@ from .corpus import Corpus
 from .online import TargetFeatures, TokenCorpus
 from .corrector import Corrector
 from .dflash import DFlashConfig, DFlashDrafter, decayed_mean
-from .head import topk_ce
+from .head import shortlist_ce, topk_ce
 from .loss import correction_loss
 from .select import select
 
@@ -34,7 +34,7 @@ STATE = "train_state.pt"
 # what a resumed run must share with the saved one, or the trajectory would silently change (the global batch,
 # seqs_per_step x world size, is checked too: the world size itself may change)
 RESUME_KEYS = ("mode", "seed", "anchors", "grad_accum", "eval_sequences", "lr", "warmup", "clip", "gamma", "rho",
-               "corr_grad", "num_candidates", "width", "mlp_hidden")
+               "corr_grad", "num_candidates", "width", "mlp_hidden", "loss_vocab")
 SAVE_DTYPES = ("bfloat16", "float16", "float32")
 
 
@@ -67,6 +67,8 @@ class TrainConfig:
     width: int = 128
     mlp_hidden: int = 256
     logit_chunk: int | None = None  # rows per LM-head chunk (head.py); None: 256 MB of float32 logits
+    loss_vocab: int | None = None   # drafter mode: the DFlash loss over the corpus's loss_vocab most frequent
+                                    # response tokens plus the batch's labels (head.shortlist_ce); None: all V rows
     grad_checkpoint: bool = False   # recompute the drafter's layer activations in backward (less memory, ~1/3 more)
     save_dtype: str = "bfloat16"    # the serving checkpoint's dtype (train_state.pt keeps float32)
     dist_timeout: float = 120.0     # minutes a collective may wait (torchrun), e.g. for a long save or eval
@@ -84,11 +86,14 @@ class TrainConfig:
         for f in ("epochs", "seqs_per_step", "grad_accum", "num_candidates", "width", "mlp_hidden", "save_every",
                   "log_every"):
             _positive_int(f, getattr(self, f))
-        for f in ("steps", "stop_at", "anchors", "logit_chunk", "eval_every"):
+        for f in ("steps", "stop_at", "anchors", "logit_chunk", "eval_every", "loss_vocab"):
             if getattr(self, f) is not None:
                 _positive_int(f, getattr(self, f))
         if isinstance(self.eval_sequences, bool) or not isinstance(self.eval_sequences, int) or self.eval_sequences < 0:
             raise ValueError(f"eval_sequences: expected an integer >= 0, got {self.eval_sequences!r}")
+        if self.loss_vocab is not None and self.mode != "drafter":
+            raise ValueError(f"loss_vocab: a shortlisted DFlash loss is for mode 'drafter' (the corrector needs the "
+                             f"full head's top-K), got mode {self.mode!r}")
         if not isinstance(self.grad_checkpoint, bool):
             raise ValueError(f"grad_checkpoint: expected True or False, got {self.grad_checkpoint!r}")
         if self.save_dtype not in SAVE_DTYPES:
@@ -195,9 +200,10 @@ class Objective(nn.Module):
     block at anchor p is supervised by labels[p+j], the verifier's argmax (both losses; on a greedy corpus it
     is the next corpus token), and valid while p+j is inside the sequence's response."""
 
-    def __init__(self, drafter: DFlashDrafter, corrector: Corrector | None, cfg: TrainConfig):
+    def __init__(self, drafter: DFlashDrafter, corrector: Corrector | None, cfg: TrainConfig,
+                 vocab: torch.Tensor | None = None):
         super().__init__()
-        self.drafter, self.corrector, self.cfg = drafter, corrector, cfg
+        self.drafter, self.corrector, self.cfg, self.vocab = drafter, corrector, cfg, vocab
 
     def forward(self, batch: dict[str, torch.Tensor], embed: torch.Tensor,
                 head: torch.Tensor) -> dict[str, torch.Tensor]:
@@ -213,7 +219,10 @@ class Objective(nn.Module):
         with torch.set_grad_enabled(torch.is_grad_enabled() and mode != "corrector"):
             h = self.drafter(ids, batch["hidden"], anchors, embed)[:, :, 1:].reshape(N * A, bs - 1, -1)
             labels = torch.where(valid, target, torch.zeros_like(target)) if mode != "corrector" else None
-            ce, values, cand_ids = topk_ce(h, head, labels, cfg.num_candidates, cfg.logit_chunk)  # row chunks
+            if self.vocab is not None and torch.is_grad_enabled():  # training steps; evaluation keeps all V rows
+                ce, values, cand_ids = shortlist_ce(h, head, labels, self.vocab, cfg.num_candidates)
+            else:
+                ce, values, cand_ids = topk_ce(h, head, labels, cfg.num_candidates, cfg.logit_chunk)  # row chunks
         zero = torch.zeros((), device=ids.device)
         out = {"dflash": decayed_mean(ce, valid, cfg.gamma) if ce is not None else zero, "corr": zero}
         out["tau_dflash"] = _tau(cand_ids[..., 0], target, valid, real)
@@ -228,6 +237,13 @@ class Objective(nn.Module):
         out["loss"] = {"drafter": out["dflash"], "corrector": out["corr"], "joint": out["dflash"] + out["corr"]}[mode]
         out["blocks"] = real.sum()
         return out
+
+
+def frequent_tokens(corpus: Corpus | TokenCorpus, n: int) -> torch.Tensor:
+    """The n most frequent response tokens of the corpus (fewer if it has fewer), sorted: on the target's own
+    greedy corpus, the labels' vocabulary."""
+    counts = torch.bincount(corpus.ids[corpus.response])
+    return counts.topk(min(n, int((counts > 0).sum()))).indices.sort().values
 
 
 def _scale_grad(x: torch.Tensor, w: float) -> torch.Tensor:
@@ -332,7 +348,8 @@ def train(cfg: TrainConfig, corpus: Corpus | TokenCorpus, embed: torch.Tensor, h
     if total < 1:
         raise ValueError(f"grad_accum: {accum} micro-batches per step leave no step in {cfg.epochs} epoch(s) of "
                          f"{sched.steps_per_epoch} micro-batches")
-    objective = Objective(drafter, corrector, cfg)
+    objective = Objective(drafter, corrector, cfg, None if cfg.loss_vocab is None else
+                          frequent_tokens(corpus, cfg.loss_vocab).to(dev))
     params = [p for p in objective.parameters() if p.requires_grad]
     clipped = [g for g in ([p for p in m.parameters() if p.requires_grad] for m in (drafter, corrector)
                            if m is not None) if g]
