@@ -3,6 +3,7 @@
 #include <cuda_runtime.h>
 
 #include <atomic>
+#include <cstdio>
 #include <cstdlib>
 #include <stdexcept>
 #include <string>
@@ -18,46 +19,58 @@ namespace {
 
 constexpr int kMaxDevices = 64;
 
+// What a device offers, queried once per device (racing threads compute the same answer).
 struct Device {
   int index, sms;
-  Arch path;
-  int64_t smem_cap;  // dynamic shared memory one CTA may have: the opt-in maximum less the static part
+  Arch best;                  // the fastest path of the code the runtime loaded for it
+  int64_t optin;              // its opt-in shared memory per block
+  int64_t static_smem[4];     // correct_kernel<A>'s static shared memory, per Arch
+  char name[16];              // sm_XY
 };
 
-// What the runtime loaded for this device: its virtual arch, or nothing (no image fits the device).
-std::optional<int> loaded_ptx(const void* kernel) {
-  cudaFuncAttributes a{};
-  if (cudaFuncGetAttributes(&a, kernel) != cudaSuccess) {
-    cudaGetLastError();  // e.g. cudaErrorNoKernelImageForDevice: not sticky, cleared here
-    return std::nullopt;
+// A call's choice on a device: the path (DCOCO_CUDA_PATH is read at every call) and the dynamic shared memory
+// one CTA may have there: the opt-in maximum less that kernel's static part.
+struct Launch {
+  const Device& dev;
+  Arch path;
+  int64_t smem_cap;
+};
+
+const void* kernel_of(Arch a) {
+  switch (a) {
+    case Arch::sm100: return reinterpret_cast<const void*>(correct_kernel<Arch::sm100>);
+    case Arch::sm90: return reinterpret_cast<const void*>(correct_kernel<Arch::sm90>);
+    case Arch::sm80: return reinterpret_cast<const void*>(correct_kernel<Arch::sm80>);
+    default: return reinterpret_cast<const void*>(correct_kernel<Arch::simt>);
   }
-  return a.ptxVersion;
 }
 
 Device query(int index) {
-  int major = 0, minor = 0, optin = 0, sms = 0;
-  check(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, index), "dcoco.correct: device query");
+  Device d{};
+  int major = 0, minor = 0, optin = 0;
+  d.index = index;
+  check(cudaDeviceGetAttribute(&d.sms, cudaDevAttrMultiProcessorCount, index), "dcoco.correct: device query");
   check(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, index), "dcoco.correct: device query");
   check(cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, index), "dcoco.correct: device query");
   check(cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, index), "dcoco.correct: device query");
-  const std::string name = "sm_" + std::to_string(major) + std::to_string(minor);
-  const auto best = best_path(major, minor, loaded_ptx(reinterpret_cast<const void*>(correct_kernel<Arch::simt>)),
+  std::snprintf(d.name, sizeof d.name, "sm_%d%d", major, minor);
+  cudaFuncAttributes a{};
+  const cudaError_t loaded = cudaFuncGetAttributes(&a, kernel_of(Arch::simt));
+  if (loaded != cudaSuccess) cudaGetLastError();  // e.g. cudaErrorNoKernelImageForDevice: not sticky, cleared
+  const auto best = best_path(major, minor, loaded == cudaSuccess ? std::optional<int>(a.ptxVersion) : std::nullopt,
                               DCOCO_CUDA_ARCHS_BUILT);
   if (!best)
-    throw std::runtime_error("dcoco.correct: this build holds no code that runs on " + name + " (built for " +
-                             DCOCO_CUDA_ARCHS_BUILT + ")");
-  const Arch path = chosen_path(*best, std::getenv("DCOCO_CUDA_PATH"), name);
-  cudaFuncAttributes a{};
-  const void* kernels[] = {reinterpret_cast<const void*>(correct_kernel<Arch::simt>),
-                           reinterpret_cast<const void*>(correct_kernel<Arch::sm80>),
-                           reinterpret_cast<const void*>(correct_kernel<Arch::sm90>),
-                           reinterpret_cast<const void*>(correct_kernel<Arch::sm100>)};
-  check(cudaFuncGetAttributes(&a, kernels[int(path)]), "dcoco.correct: kernel attributes");
-  return {index, sms, path, int64_t(optin) - int64_t(a.sharedSizeBytes)};
+    throw std::runtime_error(std::string("dcoco.correct: this build holds no code that runs on ") + d.name +
+                             " (built for " + DCOCO_CUDA_ARCHS_BUILT + ")");
+  d.best = *best, d.optin = optin;
+  for (Arch k : {Arch::simt, Arch::sm80, Arch::sm90, Arch::sm100}) {
+    check(cudaFuncGetAttributes(&a, kernel_of(k)), "dcoco.correct: kernel attributes");
+    d.static_smem[int(k)] = int64_t(a.sharedSizeBytes);
+  }
+  return d;
 }
 
-// Per device, queried once (racing threads compute the same answer).
-const Device& current_device() {
+Launch current_launch() {
   static Device known[kMaxDevices];
   static std::atomic<bool> ready[kMaxDevices];
   int index = 0;
@@ -67,52 +80,54 @@ const Device& current_device() {
     known[index] = query(index);
     ready[index].store(true, std::memory_order_release);
   }
-  return known[index];
+  const Device& dev = known[index];
+  const Arch path = chosen_path(dev.best, std::getenv("DCOCO_CUDA_PATH"), dev.name);
+  return {dev, path, dev.optin - dev.static_smem[int(path)]};
 }
 
 template <Arch A>
-void launch(const CorrectParams& p, const Plan& l, const Device& dev) {
-  // The dynamic shared memory limit is raised once per device and size (not a stream operation, so the
+void launch(const CorrectParams& p, const Plan& l, const Launch& at) {
+  // The dynamic shared memory limit is raised once per device, kernel and size (not a stream operation, so the
   // first call may even happen under graph capture); racing threads set the same value.
   static std::atomic<int64_t> raised[kMaxDevices];
-  if (raised[dev.index].load() < l.smem) {
+  if (raised[at.dev.index].load() < l.smem) {
     check(cudaFuncSetAttribute(correct_kernel<A>, cudaFuncAttributeMaxDynamicSharedMemorySize, int(l.smem)),
           "dcoco.correct: " + std::to_string(l.smem) + " bytes of shared memory not available");
-    raised[dev.index].store(l.smem);
+    raised[at.dev.index].store(l.smem);
   }
   correct_kernel<A><<<unsigned(l.ctas), kThreads, size_t(l.smem), static_cast<cudaStream_t>(p.stream)>>>(
-      p, dev.sms, dev.smem_cap);
+      p, at.dev.sms, at.smem_cap);
 }
 
-Plan fitting_plan(const CorrectParams& p, const Device& dev) {
-  const Plan l = plan_of(p, dev.sms, dev.smem_cap);
+Plan fitting_plan(const CorrectParams& p, const Launch& at) {
+  const Plan l = plan_of(p, at.dev.sms, at.smem_cap);
   if (!l.fits)
     throw std::invalid_argument("dcoco.correct: needs " + std::to_string(l.smem) + " bytes of shared memory per " +
-                                "block, the device allows " + std::to_string(dev.smem_cap) +
+                                "block, the device allows " + std::to_string(at.smem_cap) +
                                 " (width r or mlp_hidden too large)");
   return l;
 }
 
 }  // namespace
 
-std::string cuda_path() { return arch_name(current_device().path); }
+std::string cuda_path() { return arch_name(current_launch().path); }
 
 std::pair<int64_t, int64_t> workspace_sizes(const CorrectParams& p) {
-  const Plan l = fitting_plan(p, current_device());
+  const Plan l = fitting_plan(p, current_launch());
   return {l.floats, l.ints};
 }
 
 void correct(const CorrectParams& p) {
   if (p.R == 0) return;
   if (!p.workspace || !p.counters) throw std::invalid_argument("dcoco.correct: CUDA workspace missing");
-  const Device& dev = current_device();
-  const Plan l = fitting_plan(p, dev);
+  const Launch at = current_launch();
+  const Plan l = fitting_plan(p, at);
   if (l.ctas > 0x7fffffff) throw std::invalid_argument("hidden: batch too large for one CUDA launch");
-  switch (dev.path) {
-    case Arch::sm100: launch<Arch::sm100>(p, l, dev); break;
-    case Arch::sm90: launch<Arch::sm90>(p, l, dev); break;
-    case Arch::sm80: launch<Arch::sm80>(p, l, dev); break;
-    default: launch<Arch::simt>(p, l, dev);
+  switch (at.path) {
+    case Arch::sm100: launch<Arch::sm100>(p, l, at); break;
+    case Arch::sm90: launch<Arch::sm90>(p, l, at); break;
+    case Arch::sm80: launch<Arch::sm80>(p, l, at); break;
+    default: launch<Arch::simt>(p, l, at);
   }
   check(cudaGetLastError(), "dcoco.correct: CUDA launch failed");
 }

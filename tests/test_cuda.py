@@ -20,11 +20,11 @@ def to_cuda(case):
 
 
 def paths():
-    """The fused kernel paths this GPU can run (DCOCO_CUDA_PATH); an empty string is the automatic choice."""
+    """The fused kernel paths the code loaded for this GPU holds (DCOCO_CUDA_PATH); "" is the automatic choice."""
     if not dcoco.cuda_available():
         return [""]
-    major = torch.cuda.get_device_capability()[0]
-    return [""] + ["simt"] + (["sm80"] if major >= 8 else []) + (["sm90"] if major == 9 else [])
+    best = dcoco._C.cuda_path()  # dcoco/dispatch.h, from the image the runtime loaded
+    return ["", "simt"] + (["sm80"] if best != "simt" else []) + ([best] if best in ("sm90", "sm100") else [])
 
 
 # float32 inputs run exact fp32 FMAs; 16-bit inputs run tensor cores on float32 weights split in two
