@@ -4,6 +4,7 @@ inter-CTA counters. Its schedule (split of d over CTAs, partial sums, slot group
 grid and walk tiles), loaders and epilogues are checked against the reference here; the tensor-core
 policies share all of it but their MMAs, and run only on a GPU (bench/gpu_check.sh). Needs g++ (C++20)."""
 
+import os
 import shutil
 import subprocess
 from pathlib import Path
@@ -20,12 +21,17 @@ ROOT = Path(__file__).parents[1]
 
 
 def build(tmp_path_factory, name: str) -> Path:
+    """The emulated runner `name`; DCOCO_EMU_FLAGS replaces -O2 (scripts/cuda_coverage.sh builds with --coverage
+    into DCOCO_EMU_DIR)."""
     cxx = shutil.which("g++")
     if cxx is None:
         pytest.skip("needs g++ to build the emulated kernels")
-    exe = tmp_path_factory.mktemp("emu") / name
-    subprocess.run([cxx, "-std=c++20", "-O2", "-pthread", f"-I{ROOT / 'tests/emulate'}", f"-I{ROOT / 'cuda'}",
-                    f"-I{ROOT / 'cpp/include'}", str(ROOT / f"tests/emulate/{name}.cpp"), "-o", str(exe)], check=True)
+    folder = Path(os.environ["DCOCO_EMU_DIR"]) if os.environ.get("DCOCO_EMU_DIR") else tmp_path_factory.mktemp("emu")
+    exe = folder / name
+    flags = os.environ.get("DCOCO_EMU_FLAGS", "-O2").split()
+    subprocess.run([cxx, "-std=c++20", *flags, "-pthread", f"-I{ROOT / 'tests/emulate'}", f"-I{ROOT / 'cuda'}",
+                    f"-I{ROOT / 'cpp/include'}", str(ROOT / f"tests/emulate/{name}.cpp"), "-o", str(exe)],
+                   check=True, cwd=folder)
     return exe
 
 
