@@ -3,7 +3,7 @@
 Reads WORK (junit.xml, sanitizer_*.{rc,log}, train_*.json, gpu_bench.json, vllm.json) and writes
 OUT/<gpu>-<date>.json: per backend the test counts and failures, the sanitizer results, the training smokes, the
 timings, the vLLM step, and
-"passed": every fused check green (tests, both sanitizers, the fused training smoke). Only an arch with a
+"passed": every fused check green (tests, the three sanitizers, the fused training smoke). Only an arch with a
 committed passing JSON may enter backend.VALIDATED_CUDA_ARCHS (tests/test_backend.py checks it).
 """
 
@@ -49,7 +49,7 @@ def main(work: str, out: str) -> None:
     major, minor = torch.cuda.get_device_capability()
     gpu = torch.cuda.get_device_name()
     sanitizer = {}
-    for tool in ("memcheck", "racecheck"):
+    for tool in ("memcheck", "racecheck", "synccheck"):
         rc = (work / f"sanitizer_{tool}.rc").read_text().strip() if (work / f"sanitizer_{tool}.rc").exists() else ""
         text = (work / f"sanitizer_{tool}.log").read_text() if (work / f"sanitizer_{tool}.log").exists() else ""
         summary = [line for line in text.splitlines() if "ERROR SUMMARY" in line or "small case ok" in line]
