@@ -63,3 +63,17 @@ def test_demo_corpus_ships_as_token_ids():
     seqs = corpus.load_sequences(f)
     assert len(seqs) >= 300 and all(p and r for p, r in seqs)
     assert all(0 <= t < 49152 for p, r in seqs[:50] for t in p + r)
+
+
+def test_a_stage_of_another_recipe_is_redone(tmp_path):
+    from dcoco import demo
+
+    cfg = demo.TrainConfig(mode="drafter", steps=5, loss_vocab=4096)
+    want = demo.recipe(cfg, upstream=None)
+    stage = tmp_path / "dflash"
+    stage.mkdir()
+    (stage / "done.json").write_text(json.dumps({"recipe": want, "steps": 5}))
+    assert demo.finished(stage, want)["steps"] == 5
+    assert demo.finished(stage, demo.recipe(demo.TrainConfig(mode="drafter", steps=5), None)) is None
+    assert not stage.exists()  # a different loss: removed, so it is trained again
+    assert demo.finished(stage, want) is None
