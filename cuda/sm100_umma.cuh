@@ -104,7 +104,10 @@ struct Sm100Mma {
     Tensor src = thr.partition_S(c);
     Tensor where = thr.partition_D(coord);
     Tensor v = make_tensor<float>(shape(where));
-    if (!acc.empty) copy(t2r, src, v);
+    if (!acc.empty) {
+      copy(t2r, src, v);
+      cutlass::arch::fence_view_async_tmem_load();  // tcgen05.wait::ld: v is undefined until the loads complete
+    }
     for (int i = 0; i < size(v); ++i)
       if (int(get<0>(where(i))) < kBM) f(int(get<0>(where(i))), int(get<1>(where(i))), acc.empty ? 0.f : v(i));
   }

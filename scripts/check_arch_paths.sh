@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Checks that each arch path of the fused forward really emits its tensor-core instructions: PTX of
-# cuda/correct.cu per target must contain mma.sync (sm_80), wgmma (sm_90a) and tcgen05.mma (sm_100a).
+# cuda/correct.cu per target must contain mma.sync (sm_80), wgmma (sm_90a) and tcgen05.mma with its
+# tcgen05.wait::ld (sm_100a).
 # No GPU needed. Uses .venv from scripts/setup.sh (CUTLASS headers) when present.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -20,3 +21,4 @@ check() {  # arch, instruction that must appear
 check 80 "mma.sync.aligned.m16n8k16"
 check 90a "wgmma.mma_async"
 check 100a "tcgen05.mma"
+check 100a "tcgen05.wait::ld"  # the accumulators are read only after their tcgen05.ld completes
