@@ -29,18 +29,19 @@ def free_port() -> int:
 class VLLMServer:
     """`vllm serve target` on a free local port, with the DFlash/DCOCO drafter when one is given.
 
-    extra: further server flags; env: variables on top of os.environ (VLLM_CPU_KVCACHE_SPACE defaults to 2 GiB);
+    dtype: the served weights' dtype; extra: further server flags; env: variables on top of os.environ
+    (VLLM_CPU_KVCACHE_SPACE defaults to 2 GiB);
     spec: further speculative-config keys. start() raises RuntimeError with the log's tail when the server exits
     or does not answer /health within `timeout` seconds."""
 
     def __init__(self, target: str | Path, drafter: str | Path | None = None, num_speculative_tokens: int = 0,
                  log: str | Path | None = None, name: str = "model", max_model_len: int = 1024,
                  max_num_seqs: int = 16, extra: tuple[str, ...] = (), env: dict | None = None,
-                 spec: dict | None = None, timeout: float = 600):
+                 spec: dict | None = None, timeout: float = 600, dtype: str = "bfloat16"):
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.cmd = [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", str(target), "--port",
-                    str(self.port), "--dtype", "bfloat16", "--max-model-len", str(max_model_len), "--max-num-seqs",
+                    str(self.port), "--dtype", dtype, "--max-model-len", str(max_model_len), "--max-num-seqs",
                     str(max_num_seqs), "--enforce-eager", "--served-model-name", name, "--seed", "0", *extra]
         if drafter is not None:
             if num_speculative_tokens < 1:
