@@ -4,6 +4,7 @@ writes; resumable; deterministic given the seed."""
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import dataclasses
 import datetime
@@ -276,7 +277,15 @@ def init_distributed(timeout_minutes: float = TrainConfig.dist_timeout) -> tuple
             torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))  # nccl binds each rank to its GPU
         dist.init_process_group("nccl" if torch.cuda.is_available() else "gloo",
                                 timeout=datetime.timedelta(minutes=timeout_minutes))
+        # torn down before the interpreter's own shutdown: a gloo group left to C++ static destruction can abort
+        # the rank ("terminate called without an active exception", seen in CI once in a few runs)
+        atexit.register(_destroy_group)
     return (dist.get_rank(), dist.get_world_size()) if dist.is_initialized() else (0, 1)
+
+
+def _destroy_group() -> None:
+    if dist.is_initialized():
+        dist.destroy_process_group()
 
 
 def resolve_device(name: str) -> torch.device:
