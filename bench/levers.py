@@ -19,7 +19,6 @@ import re
 import statistics
 import tempfile
 import time
-from importlib import resources
 from pathlib import Path
 
 import torch
@@ -80,15 +79,12 @@ def main() -> None:
     size = demo.SIZES["default"]
     tok, model = load_target(SMOLLM2)
     embed, head = model.get_input_embeddings().weight.detach(), model.get_output_embeddings().weight.detach()
-    shipped = corpus.load_sequences(resources.files("dcoco") / "data" / demo.CORPUS_FILE)
     corpora = {}
 
     def data_for(lv: Lever) -> corpus.Corpus:  # features are built once per (taps, sequences), not in the budget
         if (lv.taps, lv.sequences) not in corpora:
-            seqs = shipped[:lv.sequences]
-            corpora[lv.taps, lv.sequences] = corpus.build_corpus(
-                model, [p for p, _ in seqs], cache_dir() / "corpus", corpus.CorpusSettings(lv.taps, max_new_tokens=128),
-                responses=[r for _, r in seqs])
+            corpora[lv.taps, lv.sequences] = demo.build_corpus(model, dataclasses.replace(size, sequences=lv.sequences),
+                                                               True, lv.taps)
         return corpora[lv.taps, lv.sequences]
 
     prompts = encode(tok, demo.eval_texts(size.suites, args.rows))

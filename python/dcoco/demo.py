@@ -106,10 +106,11 @@ def workdir(size: str) -> Path:
     return cache_dir() / ("demo" if size == "default" else f"demo-{size}")
 
 
-def build_corpus(model, size: Size, progress: bool) -> corpus.Corpus:
-    """The shipped sequences (the first size.sequences) with this machine's features and labels, cached."""
+def build_corpus(model, size: Size, progress: bool, taps: tuple[int, ...] = tuple(SMOLLM2_TAPS)) -> corpus.Corpus:
+    """The shipped sequences (the first size.sequences) with this machine's features at the target layers taps
+    and labels, cached."""
     seqs = corpus.load_sequences(resources.files("dcoco") / "data" / CORPUS_FILE)[:size.sequences]
-    settings = corpus.CorpusSettings(tuple(SMOLLM2_TAPS), max_new_tokens=128)
+    settings = corpus.CorpusSettings(tuple(taps), max_new_tokens=128)
     return corpus.build_corpus(model, [p for p, _ in seqs], cache_dir() / "corpus", settings, progress=progress,
                                responses=[r for _, r in seqs])
 
@@ -120,8 +121,8 @@ def recipe(cfg: TrainConfig, upstream: dict | None) -> dict:
             "from": upstream}
 
 
-def _key(recipe: dict) -> str:
-    return hashlib.sha256(json.dumps(recipe, sort_keys=True).encode()).hexdigest()[:12]
+def _key(want: dict) -> str:
+    return hashlib.sha256(json.dumps(want, sort_keys=True).encode()).hexdigest()[:12]
 
 
 def finished(out: Path, want: dict) -> dict | None:

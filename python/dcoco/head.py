@@ -35,14 +35,21 @@ def _part(x: torch.Tensor, head: torch.Tensor, labels: torch.Tensor | None, k: i
     return ce, top.values, top.indices
 
 
+def _check(hidden: torch.Tensor, head: torch.Tensor, labels: torch.Tensor | None) -> None:
+    if hidden.shape[-1] != head.shape[1]:
+        raise ValueError(f"hidden: expected last dimension {head.shape[1]} (the head's), got {tuple(hidden.shape)}")
+    if labels is not None and labels.shape != hidden.shape[:-1]:
+        raise ValueError(f"labels: expected shape {tuple(hidden.shape[:-1])} to match hidden, "
+                         f"got {tuple(labels.shape)}")
+
+
 def topk_ce(hidden: torch.Tensor, head: torch.Tensor, labels: torch.Tensor | None, k: int,
             rows: int | None = None) -> tuple[torch.Tensor | None, torch.Tensor, torch.Tensor]:
     """(ce, values, ids) for hidden (...,d) through head (V,d): ce (...) float32 cross-entropy against labels (...)
     (None when labels is None), values / ids (...,k) the top-k logits (logits dtype, differentiable) and their
     token ids, rank 0 = argmax. rows: rows per chunk (default: chunk_rows). Labels must lie in [0, V)."""
     V, d = head.shape
-    if hidden.shape[-1] != d:
-        raise ValueError(f"hidden: expected last dimension {d} (the head's), got {tuple(hidden.shape)}")
+    _check(hidden, head, labels)
     if not 1 <= k <= V:
         raise ValueError(f"k: expected 1..{V}, got {k}")
     lead = hidden.shape[:-1]
@@ -51,8 +58,6 @@ def topk_ce(hidden: torch.Tensor, head: torch.Tensor, labels: torch.Tensor | Non
         head = head.to(x.dtype)  # once, not per chunk (autocast casts per matmul: a bf16 head needs nothing)
     lab = None
     if labels is not None:
-        if labels.shape != lead:
-            raise ValueError(f"labels: expected shape {tuple(lead)} to match hidden, got {tuple(labels.shape)}")
         lab = labels.reshape(-1).long()
         if lab.numel() and bool(((lab < 0) | (lab >= V)).any()):
             raise ValueError(f"labels: must lie in [0, {V})")
@@ -74,11 +79,7 @@ def shortlist_ce(hidden: torch.Tensor, head: torch.Tensor, labels: torch.Tensor,
     every label: ce is the cross-entropy over those candidates only (a sampled softmax without sampling), the
     top-k is the candidates' top-k. Exact when no other token's logit matters; bench/levers.py measures it."""
     V, d = head.shape
-    if hidden.shape[-1] != d:
-        raise ValueError(f"hidden: expected last dimension {d} (the head's), got {tuple(hidden.shape)}")
-    if labels.shape != hidden.shape[:-1]:
-        raise ValueError(f"labels: expected shape {tuple(hidden.shape[:-1])} to match hidden, "
-                         f"got {tuple(labels.shape)}")
+    _check(hidden, head, labels)
     lab = labels.reshape(-1).long()
     cand = torch.unique(torch.cat([vocab.to(lab.device, torch.long), lab]))  # sorted, so labels map by search
     if not 1 <= k <= cand.numel():
