@@ -8,7 +8,8 @@ namespace dcoco::cuda {
 // The vocabulary table: T[v] = W_fuse[:, :r] LN(W_cand E[v]), one warp per vocabulary row; dynamic shared
 // memory holds each warp's (r) row LN(W_cand E[v]).
 __global__ void __launch_bounds__(kThreads) cand_table_kernel(CandTableParams p) {
-  extern __shared__ float rows[];
+  DCOCO_DYNAMIC_SMEM(smem);
+  float* const rows = reinterpret_cast<float*>(smem);
   const int64_t v = int64_t(blockIdx.x) * (kThreads / 32) + threadIdx.x / 32;
   if (v >= p.V) return;
   float* b = rows + (threadIdx.x / 32) * p.r;

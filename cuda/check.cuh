@@ -5,6 +5,12 @@
 #include <stdexcept>
 #include <string>
 
+// kernel<<<grid, block, smem, stream>>>(args...) written DCOCO_LAUNCH(kernel, grid, block, smem, stream)(args...), so
+// that tests/emulate runs these same launchers on the CPU (it defines the macro first).
+#ifndef DCOCO_LAUNCH
+#define DCOCO_LAUNCH(kernel, grid, block, smem, stream) kernel<<<grid, block, smem, stream>>>
+#endif
+
 namespace dcoco::cuda {
 
 inline void check(cudaError_t err, const std::string& what) {

@@ -91,11 +91,11 @@ void launch(const CorrectParams& p, const Plan& l, const Launch& at) {
   // first call may even happen under graph capture); racing threads set the same value.
   static std::atomic<int64_t> raised[kMaxDevices];
   if (raised[at.dev.index].load() < l.smem) {
-    check(cudaFuncSetAttribute(correct_kernel<A>, cudaFuncAttributeMaxDynamicSharedMemorySize, int(l.smem)),
+    check(cudaFuncSetAttribute(kernel_of(A), cudaFuncAttributeMaxDynamicSharedMemorySize, int(l.smem)),
           "dcoco.correct: " + std::to_string(l.smem) + " bytes of shared memory not available");
     raised[at.dev.index].store(l.smem);
   }
-  correct_kernel<A><<<unsigned(l.ctas), kThreads, size_t(l.smem), static_cast<cudaStream_t>(p.stream)>>>(
+  DCOCO_LAUNCH(correct_kernel<A>, unsigned(l.ctas), kThreads, size_t(l.smem), static_cast<cudaStream_t>(p.stream))(
       p, at.dev.sms, at.smem_cap);
 }
 
@@ -137,7 +137,7 @@ void cand_table(const CandTableParams& p) {
   const size_t smem = size_t(kThreads / 32) * p.r * sizeof(float);
   if (smem > 48 * 1024) throw std::invalid_argument("cand_proj: width r too large for the CUDA table kernel");
   const auto blocks = unsigned((p.V + kThreads / 32 - 1) / (kThreads / 32));
-  cand_table_kernel<<<blocks, kThreads, smem, static_cast<cudaStream_t>(p.stream)>>>(p);
+  DCOCO_LAUNCH(cand_table_kernel, blocks, kThreads, smem, static_cast<cudaStream_t>(p.stream))(p);
   check(cudaGetLastError(), "dcoco.correct: CUDA launch failed");
 }
 

@@ -4,7 +4,9 @@
 #include "dcoco/dispatch.h"
 #include "stage_walk.cuh"
 
-#if defined(__CUDACC__)
+// The tensor-core policies: compiled by nvcc, and on the CPU by tests/emulate (which emulates their instructions).
+#if defined(__CUDACC__) || defined(DCOCO_EMULATE_MMA)
+#define DCOCO_TENSOR_CORES 1
 #include "sm80_mma.cuh"
 #include "sm90_gmma.cuh"
 #include "sm100_umma.cuh"
@@ -13,7 +15,7 @@
 
 namespace dcoco::cuda {
 
-#if defined(__CUDACC__)
+#if defined(DCOCO_TENSOR_CORES)
 template <Arch A, class Elem, int APlanes>
 using TensorCoreMma =
     std::conditional_t<A == Arch::sm100, Sm100Mma<Elem, APlanes>,
@@ -50,7 +52,7 @@ __device__ void run_tile(const CorrectParams& p, const Plan& l, int64_t t, char*
   if (t < l.stage1) {
     const ProjectTile x = project_tile_of(p, l, t);
     if constexpr (A != Arch::simt) {
-#if defined(__CUDACC__)
+#if defined(DCOCO_TENSOR_CORES)
       const DType xt = x.slots ? p.hidden_dtype : p.embed_dtype;
       if (xt == DType::bf16) return project<TensorCoreMma<A, cute::bfloat16_t, 1>>(p, l, x, smem, ws, counters);
       if (xt == DType::f16) return project<TensorCoreMma<A, cute::half_t, 1>>(p, l, x, smem, ws, counters);
@@ -61,7 +63,7 @@ __device__ void run_tile(const CorrectParams& p, const Plan& l, int64_t t, char*
   t -= l.stage1;
   if (t < l.stage2) {
     if constexpr (A != Arch::simt) {
-#if defined(__CUDACC__)
+#if defined(DCOCO_TENSOR_CORES)
       if (p.hidden_dtype != DType::f32) return fuse<TensorCoreMma<A, cute::bfloat16_t, 2>>(p, l, t, smem, ws, counters);
 #endif
     }
@@ -76,7 +78,7 @@ __device__ void run_tile(const CorrectParams& p, const Plan& l, int64_t t, char*
 // smem_cap: what the host planned with (plan_of).
 template <Arch A>
 __global__ void __launch_bounds__(kThreads) correct_kernel(CorrectParams p, int sms, int64_t smem_cap) {
-#if defined(__CUDACC__)
+#if defined(DCOCO_TENSOR_CORES)
   if constexpr (!compiled_for<A>()) {
     __trap();
   } else

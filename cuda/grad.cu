@@ -19,14 +19,14 @@ void score_grad(const GradParams<float>& p) {
   const auto st = static_cast<cudaStream_t>(p.stream);
   const size_t vec = size_t(p.r) * sizeof(float);  // one (r) row of shared memory
   if (vec > 48 * 1024) throw std::invalid_argument("cand_proj: width r too large for the CUDA backward");
-  grad_forward_kernel<<<unsigned(l.S), kThreads, vec, st>>>(p);
-  grad_transition_kernel<<<unsigned(l.Tn), kThreads, vec, st>>>(p);
-  grad_slot_kernel<<<unsigned(l.S), kThreads, vec, st>>>(p);
+  DCOCO_LAUNCH(grad_forward_kernel, unsigned(l.S), kThreads, vec, st)(p);
+  DCOCO_LAUNCH(grad_transition_kernel, unsigned(l.Tn), kThreads, vec, st)(p);
+  DCOCO_LAUNCH(grad_slot_kernel, unsigned(l.S), kThreads, vec, st)(p);
   OuterSum sums[kOuterSums];
   outer_sums(p, sums);
   for (const OuterSum& o : sums)
-    outer_sum_kernel<<<unsigned(cdiv(o.N * o.Kd, kThreads)), kThreads, 0, st>>>(o, p);
-  column_sum_kernel<<<unsigned(cdiv(p.r + p.H + 1, kThreads)), kThreads, 0, st>>>(p);
+    DCOCO_LAUNCH(outer_sum_kernel, unsigned(cdiv(o.N * o.Kd, kThreads)), kThreads, 0, st)(o, p);
+  DCOCO_LAUNCH(column_sum_kernel, unsigned(cdiv(p.r + p.H + 1, kThreads)), kThreads, 0, st)(p);
   check(cudaGetLastError(), "dcoco.score_grad: CUDA launch failed");
 }
 

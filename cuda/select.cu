@@ -20,7 +20,7 @@ void select(const SelectParams& p) {
   if (p.R == 0) return;
   constexpr int kThreads = 128;
   const auto blocks = unsigned((p.R + kThreads - 1) / kThreads);
-  select_kernel<<<blocks, kThreads, 0, static_cast<cudaStream_t>(p.stream)>>>(p);
+  DCOCO_LAUNCH(select_kernel, blocks, kThreads, 0, static_cast<cudaStream_t>(p.stream))(p);
   check(cudaGetLastError(), "dcoco.select: CUDA launch failed");
 }
 

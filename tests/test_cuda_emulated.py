@@ -4,6 +4,7 @@ inter-CTA counters. Its schedule (split of d over CTAs, partial sums, slot group
 grid and walk tiles), loaders and epilogues are checked against the reference here; the tensor-core
 policies share all of it but their MMAs, and run only on a GPU (bench/gpu_check.sh). Needs g++ (C++20)."""
 
+import importlib.util
 import os
 import shutil
 import subprocess
@@ -14,30 +15,61 @@ import pytest
 import torch
 
 from dcoco import _ops
+from dcoco.checks import RULES
 
 from conftest import assert_walk_matches, make_case
 
 ROOT = Path(__file__).parents[1]
 
 
-def build(tmp_path_factory, name: str) -> Path:
-    """The emulated runner `name`; DCOCO_EMU_FLAGS replaces -O2 (scripts/cuda_coverage.sh builds with --coverage
-    into DCOCO_EMU_DIR)."""
+def toolkit_includes() -> list[str]:
+    """The CUDA toolkit's headers (cuda_runtime.h, libcu++): the emulated launchers compile against the real runtime
+    header, its functions defined for a fake device in tests/emulate/fake_runtime.h."""
+    nvcc = shutil.which("nvcc")
+    homes = [os.environ.get("CUDA_HOME", ""), str(Path(nvcc).resolve().parents[1]) if nvcc else "", "/usr/local/cuda"]
+    inc = next((Path(h) / "include" for h in homes if h and (Path(h) / "include" / "cuda_runtime.h").exists()), None)
+    if inc is None:
+        pytest.skip("needs the CUDA toolkit's headers (nvcc on PATH or CUDA_HOME) to build the emulated launchers")
+    return [f"-I{inc}", f"-I{inc / 'cccl'}"]
+
+
+def cutlass_include() -> str:
+    spec = importlib.util.find_spec("cutlass_library")
+    inc = Path(spec.submodule_search_locations[0]) / "source" / "include" if spec else None
+    if inc is None or not (inc / "cute").exists():
+        pytest.skip("needs the nvidia-cutlass wheel's CuTe headers to emulate the tensor-core paths")
+    return f"-I{inc}"
+
+
+def build(tmp_path_factory, name: str, mma: bool = False) -> Path:
+    """The emulated runner `name` (with the tensor-core instructions emulated when mma); DCOCO_EMU_FLAGS replaces
+    -O2 (scripts/cuda_coverage.sh builds with --coverage into DCOCO_EMU_DIR)."""
     cxx = shutil.which("g++")
     if cxx is None:
         pytest.skip("needs g++ to build the emulated kernels")
     folder = Path(os.environ["DCOCO_EMU_DIR"]) if os.environ.get("DCOCO_EMU_DIR") else tmp_path_factory.mktemp("emu")
-    exe = folder / name
+    exe = folder / (name + "-mma" if mma else name)
     flags = os.environ.get("DCOCO_EMU_FLAGS", "-O2").split()
-    subprocess.run([cxx, "-std=c++20", *flags, "-pthread", f"-I{ROOT / 'tests/emulate'}", f"-I{ROOT / 'cuda'}",
-                    f"-I{ROOT / 'cpp/include'}", str(ROOT / f"tests/emulate/{name}.cpp"), "-o", str(exe)],
-                   check=True, cwd=folder)
+    extra = ["-DDCOCO_EMULATE_MMA", cutlass_include(), "-Wno-deprecated-declarations"] if mma else []
+    subprocess.run([cxx, "-std=c++20", *flags, *extra, "-pthread", f"-I{ROOT / 'tests/emulate'}", f"-I{ROOT / 'cuda'}",
+                    f"-I{ROOT / 'cpp/include'}", *toolkit_includes(), str(ROOT / f"tests/emulate/{name}.cpp"),
+                    "-o", str(exe)], check=True, cwd=folder)
     return exe
 
 
 @pytest.fixture(scope="module")
 def runner(tmp_path_factory):
     return build(tmp_path_factory, "run_correct")
+
+
+@pytest.fixture(scope="module")
+def mma_runner(tmp_path_factory):
+    return build(tmp_path_factory, "run_correct", mma=True)
+
+
+@pytest.fixture(scope="module")
+def table_runner(tmp_path_factory):
+    return build(tmp_path_factory, "run_table")
 
 
 @pytest.fixture(scope="module")
@@ -65,18 +97,28 @@ def write_inputs(folder: Path, case, ids, *meta) -> None:
         codes[lg.dtype], codes[E.dtype], *meta])))
 
 
-# dynamic shared memory per block of sm_86/89/120 (99 KB), A100 (163 KB) and H100/H200/B200 (227 KB), less 1 KB
-# for the kernel's static shared memory
-CAPS = {"99KB": 98 * 1024, "163KB": 162 * 1024, "227KB": 226 * 1024}
+# opt-in shared memory per block of sm_86/89/120 (99 KB), A100 (163 KB) and H100/H200/B200 (227 KB); the fake
+# device's kernels have 1 KB of static shared memory (tests/emulate/fake_runtime.h), so plans get 1 KB less
+CAPS = {"99KB": 99 * 1024, "163KB": 163 * 1024, "227KB": 227 * 1024}
+STATIC_SMEM = 1024
+H200 = (9, 0, 90)  # the fake device: compute capability and the loaded image's ptxVersion
 
 
-def run_kernel(runner, folder: Path, case, table=None, scores=True, ids=None, sms=0, cap=CAPS["227KB"], launch=0):
+def run_kernel(runner, folder: Path, case, table=None, scores=True, ids=None, sms=0, cap=CAPS["227KB"], launch=0,
+               device=H200, path=None):
+    """The runner on a fake device: cap its opt-in shared memory, launch > 0 the SIMT kernel launched directly with
+    that many bytes (not through the launcher), path DCOCO_CUDA_PATH."""
     cand_ids = case.cand_ids if ids is None else ids
     R, B, K = cand_ids.shape
     raw(table if table is not None else torch.zeros(1))(folder / "table.bin")
-    write_inputs(folder, case, cand_ids, int(table is not None), int(scores), sms, cap, launch)
-    subprocess.run([str(runner), str(folder)], check=True)
-    out = {k: torch.from_numpy(np.fromfile(folder / f"{k}.bin", dtype=np.int64)).view(R, B)
+    write_inputs(folder, case, cand_ids, int(table is not None), int(scores), sms, cap, launch, *device)
+    env = {k: v for k, v in os.environ.items() if k != "DCOCO_CUDA_PATH"} | ({"DCOCO_CUDA_PATH": path} if path else {})
+    run = subprocess.run([str(runner), str(folder)], env=env, capture_output=True, text=True)
+    if run.returncode:
+        print(run.stderr)
+        raise subprocess.CalledProcessError(run.returncode, run.args, run.stdout, run.stderr)
+    out = {"path": run.stdout.split()[1]}
+    out |= {k: torch.from_numpy(np.fromfile(folder / f"{k}.bin", dtype=np.int64)).view(R, B)
            for k in ("ranks", "tokens")}
     if scores:
         out["scores"] = torch.from_numpy(np.fromfile(folder / "scores.bin", dtype=np.float32)).view(R, B - 1, K, K)
@@ -107,6 +149,29 @@ def test_emulated_kernel_matches_reference(runner, tmp_path, R, B, K, d, dtype, 
     assert_walk_matches(walk_only["ranks"], s64, case.cand_logits[:, 0], atol=1e-4 * scale)
 
 
+# fake devices whose dispatch picks each tensor-core path (DCOCO_CUDA_ARCHS_BUILT "80,90a,100a")
+TENSOR_CORE_DEVICES = {"sm80": (8, 0, 80), "sm90": (9, 0, 90), "sm100": (10, 0, 100)}
+
+
+@pytest.mark.parametrize("path", list(TENSOR_CORE_DEVICES))
+@pytest.mark.parametrize("R,B,K,d,dtype,table,sms", [
+    (2, 15, 16, 64, torch.bfloat16, True, 0),
+    (3, 4, 5, 96, torch.float16, False, 0),  # stage 1 also projects the embeddings; f16 planes
+    (1, 15, 12, 400, torch.bfloat16, False, 64),  # d split in 3, a partial last k-block
+])
+def test_tensor_core_paths_match_reference(mma_runner, tmp_path, path, R, B, K, d, dtype, table, sms):
+    """The real launcher on a fake device of each arch: its tensor-core policy (sm80_mma / sm90_gmma / sm100_umma)
+    runs with its instructions emulated (tests/emulate/tensor_cores.h), against the float64 reference."""
+    case = make_case(R, B, K, d, V=200, dtype=dtype, seed=R + B + K + d + 1)
+    tab = case.corrector.prepare_inference(case.embed) if table else None
+    s64 = case.ref_scores()
+    scale = s64.abs().max().item() + 1.0
+    out = run_kernel(mma_runner, tmp_path, case, tab, scores=True, sms=sms, device=TENSOR_CORE_DEVICES[path])
+    assert out["path"] == path
+    torch.testing.assert_close(out["scores"].double(), s64, rtol=1e-3, atol=1e-3 * scale)
+    assert_walk_matches(out["ranks"], s64, case.cand_logits[:, 0], atol=2e-3 * scale)
+
+
 @pytest.fixture(scope="module")
 def plan_sizes(tmp_path_factory):
     exe = build(tmp_path_factory, "plan_sizes")
@@ -121,16 +186,17 @@ def plan_sizes(tmp_path_factory):
 def test_every_k_fits_every_device(plan_sizes):
     """K = 1..64, with and without the vocabulary table, grid or walk only, at r=128 / H=256 and d up to 8192:
     the plan fits 99, 163 and 227 KB per block, and only shrinks its slot groups where it must."""
+    caps = [c - STATIC_SMEM for c in CAPS.values()]
     rows = [(8, 15, K, d, 128, 256, table, scores, 1, sms, cap) for K in range(1, 65) for table in (0, 1)
-            for scores in (0, 1) for d, sms in ((64, 0), (4096, 132), (8192, 148)) for cap in CAPS.values()]
+            for scores in (0, 1) for d, sms in ((64, 0), (4096, 132), (8192, 148)) for cap in caps]
     plans = plan_sizes(rows)
     for row, (fits, smem, G) in zip(rows, plans):
         K, cap = row[2], row[-1]
         assert fits and smem <= cap, row
         assert G == (64 // K if K <= 64 else 1) or smem > cap - 3 * 1024 * 4, (row, G)  # shrunk only when tight
     by_cap = {cap: min(G for row, (_, _, G) in zip(rows, plans) if row[2] == 1 and row[6] == 0 and row[-1] == cap)
-              for cap in CAPS.values()}
-    assert by_cap[CAPS["99KB"]] < by_cap[CAPS["163KB"]] < 64 == by_cap[CAPS["227KB"]]  # K=1, no table
+              for cap in caps}
+    assert by_cap[caps[0]] < by_cap[caps[1]] < 64 == by_cap[caps[2]]  # K=1, no table
 
 
 def test_a_cap_below_the_smallest_plan_is_an_error(runner, tmp_path):
@@ -172,3 +238,50 @@ def test_emulated_backward_matches_the_cpu_backward(grad_runner, tmp_path, R, B,
         got = torch.from_numpy(np.fromfile(tmp_path / f"{name}.bin", dtype=np.float32)).view(ref.shape)
         scale = ref.abs().max().item() + 1e-30
         torch.testing.assert_close(got, ref, rtol=1e-4, atol=1e-5 * scale, msg=name)
+
+
+@pytest.mark.parametrize("device,want", [
+    ((10, 3, 80), "sm80"),  # a B300 with the default build loads the compute_80 PTX: never the sm100 kernel
+    ((8, 6, 80), "sm80"),  # an A10: sm_80 code, 99 KB of shared memory
+    ((9, 0, 80), "sm80"),  # an H200 running a build without 90a
+    ((12, 0, 80), "sm80"),  # an RTX 5090
+])
+def test_the_launcher_dispatches_by_the_loaded_image(runner, tmp_path, device, want):
+    case = make_case(2, 6, 4, 64, V=200, dtype=torch.bfloat16, seed=6)
+    s64 = case.ref_scores()
+    cap = CAPS["99KB"] if device[:2] in ((8, 6), (12, 0)) else CAPS["227KB"]
+    out = run_kernel(runner, tmp_path, case, sms=0, cap=cap, device=device)
+    assert out["path"] == want
+    torch.testing.assert_close(out["scores"].double(), s64, rtol=1e-5, atol=2e-5 * (s64.abs().max().item() + 1))
+
+
+def test_a_device_the_build_holds_no_code_for_is_an_error_not_a_trap(runner, tmp_path):
+    case = make_case(1, 4, 4, 64, V=200, seed=7)
+    with pytest.raises(subprocess.CalledProcessError) as e:  # a T4: no image of the build loads
+        run_kernel(runner, tmp_path, case, device=(7, 5, -1))
+    assert e.value.returncode == 8
+    assert "holds no code that runs on sm_75 (built for 80,90a,100a)" in e.value.stderr
+
+
+def test_a_forced_path_the_image_lacks_is_refused(runner, tmp_path):
+    case = make_case(1, 4, 4, 64, V=200, seed=8)
+    with pytest.raises(subprocess.CalledProcessError) as e:
+        run_kernel(runner, tmp_path, case, device=H200, path="sm100")
+    assert "DCOCO_CUDA_PATH=sm100: the code loaded for sm_90 has no sm100 path" in e.value.stderr
+    assert run_kernel(runner, tmp_path, case, device=H200, path="simt")["path"] == "simt"
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_emulated_table_and_select_match_the_cpu(table_runner, tmp_path, dtype):
+    """cand_table_kernel and select_kernel through their launchers (cuda/correct.cu, cuda/select.cu)."""
+    case = make_case(3, 7, 5, 96, V=150, dtype=dtype, seed=9)
+    grid = case.ref_scores().float()
+    raw(grid)(tmp_path / "grid.bin")
+    want_table = case.corrector.prepare_inference(case.embed)
+    for rule, code in RULES.items():
+        write_inputs(tmp_path, case, case.cand_ids, code, 0.75)
+        subprocess.run([str(table_runner), str(tmp_path)], check=True)
+        got = torch.from_numpy(np.fromfile(tmp_path / f"ranks-{code}.bin", dtype=np.int64)).view(3, 7)
+        assert torch.equal(got, torch.ops.dcoco.select(grid, case.cand_logits[:, 0], rule, 0.75)), rule
+    table = torch.from_numpy(np.fromfile(tmp_path / "table.bin", dtype=np.float32)).view(want_table.shape)
+    torch.testing.assert_close(table, want_table, rtol=1e-5, atol=1e-5 * want_table.abs().max().item())

@@ -1,12 +1,16 @@
 // Runs CUDA kernels written for dcoco on the CPU so the CPU tests exercise the kernels' own decomposition
-// (stages, barriers, warp reductions, inter-CTA counters). Several blocks run at once, each on its own OS
-// thread (so `__shared__` = thread_local static is per block); inside a block every CUDA thread is a
-// coroutine (ucontext), and a barrier yields until every thread of its block (or warp) has arrived.
-// Spin-waits on other blocks yield the OS thread. Only what dcoco's kernels use is emulated.
+// (stages, barriers, warp reductions, inter-CTA counters) and the real host launchers (cuda/*.cu, against
+// cuda_runtime.h from the toolkit, its functions defined in fake_runtime.h for a fake device). Several blocks
+// run at once, each on its own OS thread (so `__shared__` = thread_local static is per block); inside a block
+// every CUDA thread is a coroutine (ucontext), and a barrier yields until every thread of its block (or warp,
+// or warpgroup) has arrived. Spin-waits on other blocks yield the OS thread. Only what dcoco's kernels use is
+// emulated; with DCOCO_EMULATE_MMA, CuTe's instruction wrappers that reach their host fallback stop the run
+// (CUTE_INVALID_CONTROL_PATH) unless tensor_cores.h emulates them.
 // Dynamic shared memory is the launch's size, and every byte after it (up to more than any GPU allows) is a guard
 // checked after every block: a kernel that writes past what it was launched with stops the run, as the GPU would
 // fault.
 #pragma once
+#include <cuda_runtime.h>  // the toolkit's host header: types, enums and declarations only
 #include <ucontext.h>
 
 #include <atomic>
@@ -19,6 +23,12 @@
 #include <thread>
 #include <vector>
 
+#undef __global__
+#undef __device__
+#undef __host__
+#undef __forceinline__
+#undef __launch_bounds__
+#undef __shared__
 #define __global__
 #define __device__
 #define __host__
@@ -26,11 +36,21 @@
 #define __launch_bounds__(n)
 #define __shared__ static thread_local
 #define DCOCO_DYNAMIC_SMEM(name) char* const name = emu::dynamic_smem.data()
+#define DCOCO_LAUNCH(kernel, grid, block, smem, stream) emu::launcher(kernel, grid, block, smem)
 
-struct dim3 {
-  unsigned x = 1, y = 1, z = 1;
-  dim3(unsigned a = 1, unsigned b = 1, unsigned c = 1) : x(a), y(b), z(c) {}
-};
+namespace emu {
+[[noreturn]] inline void unemulated(const char* what) {
+  std::fprintf(stderr, "not emulated: %s\n", what);
+  std::exit(7);
+}
+}  // namespace emu
+
+#if defined(DCOCO_EMULATE_MMA)
+#include <cute/config.hpp>
+#undef CUTE_INVALID_CONTROL_PATH
+#define CUTE_INVALID_CONTROL_PATH(x) ::emu::unemulated(x)
+#define CUTE_CVTA_GENERIC_TO_SHARED_ACTIVATED 1  // cast_smem_ptr_to_uint: __cvta_generic_to_shared below
+#endif
 
 namespace emu {
 
@@ -50,7 +70,7 @@ inline thread_local dim3 block_idx;      // everything below: the block this OS 
 inline thread_local Thread* current = nullptr;
 inline thread_local ucontext_t scheduler;
 inline thread_local Barrier block_barrier;
-inline thread_local std::vector<Barrier> warp_barriers;
+inline thread_local std::vector<Barrier> warp_barriers, warpgroup_barriers;
 inline thread_local std::vector<float> exchange;  // one slot per thread for warp shuffles
 constexpr size_t kSpan = 260 * 1024;              // bytes of each block's buffer: any GPU's limit, and more
 constexpr unsigned char kCanary = 0xA5;
@@ -63,6 +83,12 @@ struct SharedBuffer {
   char* data() { return chunks.front().bytes; }
 };
 inline thread_local SharedBuffer dynamic_smem;  // the block this OS thread runs
+
+// Per-block state of an emulated instruction family (tensor memory, mbarriers, ...): reset before each block.
+inline std::vector<void (*)()>& block_resets() {
+  static std::vector<void (*)()> hooks;
+  return hooks;
+}
 
 inline void wait(Barrier& b) {
   const unsigned gen = b.generation;
@@ -99,6 +125,17 @@ inline float __int_as_float(int i) {
   return f;
 }
 
+// A shared-memory address as the instructions see it: the byte offset in the block's dynamic shared memory
+// (the tensor-core operands and mbarriers live there; static __shared__ variables are not addressable).
+inline size_t __cvta_generic_to_shared(const void* p) {
+  const char* c = static_cast<const char*>(p);
+  const char* base = emu::dynamic_smem.data();
+  if (c < base || c >= base + emu::kSpan) emu::unemulated("a shared-memory address outside dynamic shared memory");
+  return size_t(c - base);
+}
+inline void __trap() { emu::unemulated("__trap: a kernel the build did not compile for this arch"); }
+inline void __syncwarpgroup() { emu::wait(emu::warpgroup_barriers[threadIdx.x / 128]); }
+
 namespace emu {
 
 inline const std::function<void()>* body = nullptr;
@@ -116,7 +153,9 @@ inline void run_block(dim3 idx, std::vector<Thread>& pool) {
   block_idx = idx;
   block_barrier = {n, 0, 0};
   warp_barriers.assign((n + 31) / 32, Barrier{32, 0, 0});
+  warpgroup_barriers.assign((n + 127) / 128, Barrier{128, 0, 0});
   exchange.assign(n, 0.f);
+  for (auto reset : block_resets()) reset();
   for (unsigned i = 0; i < n; ++i) {
     Thread& t = pool[i];
     t.idx = dim3(i), t.done = false;
@@ -164,3 +203,5 @@ inline void launch(dim3 grid, dim3 threads, size_t smem, const std::function<voi
 }
 
 }  // namespace emu
+
+#include "fake_runtime.h"

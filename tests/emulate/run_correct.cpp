@@ -1,11 +1,21 @@
-// Runs the fused forward (cuda/fused_correct.cuh, its SIMT policy) under tests/emulate/cuda_emulation.h on
-// inputs written by tests/test_cuda_emulated.py: argv[1] is a folder with meta.txt and raw .bin arrays;
-// outputs go there. The plan is made for the shared-memory cap in meta.txt; one over it exits with 5.
+// Runs the fused forward through its real host launcher (cuda/correct.cu: dispatch, plan, launch) under
+// tests/emulate/cuda_emulation.h, on a fake device, on inputs written by tests/test_cuda_emulated.py: argv[1] is a
+// folder with meta.txt and raw .bin arrays; outputs go there. DCOCO_CUDA_PATH picks the path, as on a GPU; built
+// with -DDCOCO_EMULATE_MMA the tensor-core paths run their instructions' emulation (tensor_cores.h).
+// Exit codes: 5 the plan does not fit the device, 3/4 a counter is off, 6 a write past the launch's shared memory,
+// 7 an instruction that is not emulated, 8 a CUDA error.
 #include "cuda_emulation.h"
 // the emulation header must come first: it defines the CUDA keywords the kernel uses
-#include "fused_correct.cuh"
+#if defined(DCOCO_EMULATE_MMA)
+#include "tensor_cores.h"
+#endif
+#ifndef DCOCO_CUDA_ARCHS_BUILT
+#define DCOCO_CUDA_ARCHS_BUILT "80,90a,100a"
+#endif
+#include "correct.cu"
 
 #include <cstdio>
+#include <stdexcept>
 #include <string>
 #include <vector>
 
@@ -18,9 +28,10 @@ int main(int argc, char** argv) {
   const std::string dir = argv[1];
   CorrectParams p;
   Inputs in(dir, p);
-  int has_table, want_scores, sms;
-  int64_t cap, launch;  // the device's dynamic shared memory per block; bytes to launch with (0: the plan's)
-  in.meta >> has_table >> want_scores >> sms >> cap >> launch;
+  int has_table, want_scores;
+  int64_t launch;  // 0: the launcher's plan; else launch the SIMT kernel directly with these bytes (the guard test)
+  emu::Device& dev = emu::device;
+  in.meta >> has_table >> want_scores >> dev.sms >> dev.optin >> launch >> dev.major >> dev.minor >> dev.ptx;
   const auto table = read_file(dir + "/table.bin");
   p.table = has_table ? reinterpret_cast<const float*>(table.data()) : nullptr;
   // outputs poisoned, as in the Python tests
@@ -28,17 +39,27 @@ int main(int argc, char** argv) {
   std::vector<int64_t> ranks(p.R * p.B, -1), tokens(p.R * p.B, -1);
   p.scores = want_scores ? scores.data() : nullptr;
   p.ranks = ranks.data(), p.tokens = tokens.data();
-  const cuda::Plan plan = cuda::plan_of(p, sms, cap);
-  if (!plan.fits) {
-    std::fprintf(stderr, "plan needs %ld bytes of shared memory per block, the cap is %ld\n", long(plan.smem),
-                 long(cap));
+  const int64_t cap = dev.optin - dev.static_smem;
+  const dcoco::cuda::Plan plan = dcoco::cuda::plan_of(p, dev.sms, cap);
+  std::vector<float> workspace;
+  std::vector<int32_t> counters;
+  try {
+    const auto [floats, ints] = launch ? std::pair(plan.floats, plan.ints) : dcoco::cuda::workspace_sizes(p);
+    workspace.assign(floats, __int_as_float(0x7fc00000)), counters.assign(ints, 0);
+    p.workspace = workspace.data(), p.counters = counters.data();
+    if (launch)
+      emu::launch(dim3(unsigned(plan.ctas)), dim3(dcoco::cuda::kThreads), size_t(launch),
+                  [&] { dcoco::cuda::correct_kernel<Arch::simt>(p, dev.sms, cap); });
+    else
+      dcoco::cuda::correct(p);
+    std::printf("path %s\n", launch ? "simt" : dcoco::cuda::cuda_path().c_str());
+  } catch (const std::invalid_argument& e) {
+    std::fprintf(stderr, "%s\n", e.what());
     return 5;
+  } catch (const std::runtime_error& e) {
+    std::fprintf(stderr, "%s\n", e.what());
+    return 8;
   }
-  std::vector<float> workspace(plan.floats, __int_as_float(0x7fc00000));
-  std::vector<int32_t> counters(plan.ints, 0);
-  p.workspace = workspace.data(), p.counters = counters.data();
-  emu::launch(dim3(unsigned(plan.ctas)), dim3(cuda::kThreads), size_t(launch ? launch : plan.smem),
-              [&] { cuda::correct_kernel<Arch::simt>(p, sms, cap); });
   if (counters[plan.ticket] != plan.ctas) return 3;  // every CTA took exactly one ticket
   for (int64_t g = 0; g < plan.groups; ++g)
     if (counters[plan.group_done + g] != plan.g_nt) return 4;  // every stage-2 tile arrived

@@ -1,20 +1,21 @@
-// Runs the CUDA backward (cuda/score_grad.cuh) under tests/emulate/cuda_emulation.h on inputs written by
-// tests/test_cuda_emulated.py (inputs.h plus grad.bin); writes the gradients there.
+// Runs the CUDA backward (cuda/score_grad.cuh) through its real host launcher (cuda/grad.cu) under
+// tests/emulate/cuda_emulation.h on inputs written by tests/test_cuda_emulated.py (inputs.h plus grad.bin);
+// writes the gradients there. Exit 8: a CUDA error or a refused argument.
 #include "cuda_emulation.h"
 // the emulation header must come first: it defines the CUDA keywords the kernels use
-#include "score_grad.cuh"
+#include "grad.cu"
 
+#include <cstdio>
+#include <stdexcept>
 #include <string>
 #include <vector>
 
 #include "inputs.h"
 
-using namespace dcoco;
-
 int main(int argc, char** argv) {
   if (argc != 2) return 2;
   const std::string dir = argv[1];
-  GradParams<float> p;
+  dcoco::GradParams<float> p;
   Inputs in(dir, p);
   const auto grad = read_file(dir + "/grad.bin");
   p.grad = reinterpret_cast<const float*>(grad.data());
@@ -25,21 +26,14 @@ int main(int argc, char** argv) {
   std::vector<std::vector<float>> d_w;
   for (int i = 0; i < 10; ++i) d_w.emplace_back(wsize[i], nan), p.d_w[i] = d_w[i].data();
   p.d_hidden = d_hidden.data(), p.d_logits = d_logits.data();
-  const cuda::GradPlan l = cuda::grad_plan_of(p);
-  std::vector<float> workspace(l.floats, nan);
+  std::vector<float> workspace(dcoco::cuda::grad_workspace_size(p), nan);
   p.workspace = workspace.data();
-  // the launch sequence of cuda/grad.cu
-  const dim3 block(cuda::kThreads);
-  const size_t vec = size_t(r) * sizeof(float);
-  emu::launch(dim3(unsigned(l.S)), block, vec, [&] { cuda::grad_forward_kernel(p); });
-  emu::launch(dim3(unsigned(l.Tn)), block, vec, [&] { cuda::grad_transition_kernel(p); });
-  emu::launch(dim3(unsigned(l.S)), block, vec, [&] { cuda::grad_slot_kernel(p); });
-  cuda::OuterSum sums[cuda::kOuterSums];
-  cuda::outer_sums(p, sums);
-  for (const auto& o : sums)
-    emu::launch(dim3(unsigned(cuda::cdiv(o.N * o.Kd, cuda::kThreads))), block, 0,
-                [&] { cuda::outer_sum_kernel(o, p); });
-  emu::launch(dim3(unsigned(cuda::cdiv(r + H + 1, cuda::kThreads))), block, 0, [&] { cuda::column_sum_kernel(p); });
+  try {
+    dcoco::cuda::score_grad(p);
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "%s\n", e.what());
+    return 8;
+  }
   write_file(dir + "/d_hidden.bin", d_hidden.data(), d_hidden.size());
   write_file(dir + "/d_logits.bin", d_logits.data(), d_logits.size());
   for (int i = 0; i < 10; ++i) write_file(dir + "/d_w" + std::to_string(i) + ".bin", d_w[i].data(), d_w[i].size());
