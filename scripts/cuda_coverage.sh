@@ -1,16 +1,16 @@
 #!/usr/bin/env bash
-# Line coverage of cuda/ under the emulated tests (tests/test_cuda_emulated.py, tests/emulate): the runners are
-# built with gcc --coverage, the tests run, gcov says which lines ran. The lines counted: gcov's executable lines
-# of what the emulation compiles, plus every code line (not blank, comment, preprocessor or a lone brace) of what
-# it never compiles: the launchers *.cu, the tensor-core policies sm*_*.cuh and code under __CUDACC__, all
-# unexecuted until the emulation runs them.
+# Line coverage of cuda/ under the emulated tests (tests/test_cuda_emulated.py, test_emulated_mma.py,
+# tests/emulate): the runners are built with gcc --coverage, the tests run, gcov says which lines ran. The lines
+# counted: gcov's executable lines of what the emulation compiles, plus every code line (not blank, comment,
+# preprocessor or a lone brace) of what it never compiles: the launchers *.cu, the tensor-core policies sm*_*.cuh
+# and code under __CUDACC__, all unexecuted until the emulation runs them.
 # Prints one line per file and the total. Uses .venv from scripts/setup.sh.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 dir=$(mktemp -d)
 trap 'rm -rf "$dir"' EXIT
 DCOCO_EMU_DIR="$dir" DCOCO_EMU_FLAGS="-O0 --coverage" .venv/bin/python -m pytest -q -p no:cacheprovider \
-  tests/test_cuda_emulated.py >"$dir/pytest.log" 2>&1 || { tail -20 "$dir/pytest.log"; exit 1; }
+  tests/test_cuda_emulated.py tests/test_emulated_mma.py >"$dir/pytest.log" 2>&1 || { tail -20 "$dir/pytest.log"; exit 1; }
 for g in "$dir"/*.gcda; do  # each runner's report in its own folder: they share header names
   out="$dir/gcov-$(basename "$g" .gcda)"
   mkdir -p "$out" && (cd "$out" && gcov -p -o "$dir" "$g" >/dev/null 2>&1 || true)
