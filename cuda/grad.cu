@@ -1,7 +1,8 @@
-// Host launcher of the CUDA backward (score_grad.cuh): five kernels in stream order, no host sync.
+// Host launcher of the CUDA backward (score_grad.cuh): its kernels in stream order, no host sync.
 #include <cuda_runtime.h>
 
 #include <stdexcept>
+#include <string>
 
 #include "check.cuh"
 #include "dcoco/api.h"
@@ -11,22 +12,77 @@ namespace dcoco::cuda {
 
 int64_t grad_workspace_size(const GradParams<float>& p) { return grad_plan_of(p).floats; }
 
+namespace {
+
+template <int W>
+void weight_grad(const GradParams<float>& p, const GradPlan& l, cudaStream_t st) {
+  const Split& s = l.wg[W];
+  DCOCO_LAUNCH(weight_gemm_kernel<W>, unsigned(s.mt * s.nt * s.splits), kThreads, kGemmSmem, st)(p, l);
+  DCOCO_LAUNCH(weight_reduce_kernel<W>, unsigned(cdiv(s.N * s.Kd, kThreads)), kThreads, 0, st)(p, l);
+}
+
+template <int X>
+void column_sum(const GradParams<float>& p, const GradPlan& l, cudaStream_t st) {
+  const ColSum& c = l.cs[X];
+  DCOCO_LAUNCH(column_sum_kernel<X>, unsigned(c.cb * c.chunks), kThreads, kThreads * sizeof(float), st)(p, l);
+  DCOCO_LAUNCH(column_reduce_kernel<X>, unsigned(cdiv(c.cols, kThreads)), kThreads, 0, st)(p, l);
+}
+
+}  // namespace
+
 void score_grad(const GradParams<float>& p) {
   if (!p.grad || !p.workspace || !p.d_hidden || !p.d_logits)
     throw std::invalid_argument("dcoco.score_grad: CUDA workspace or outputs missing");
   const GradPlan l = grad_plan_of(p);
   if (l.Tn == 0) return;
   const auto st = static_cast<cudaStream_t>(p.stream);
-  const size_t vec = size_t(p.r) * sizeof(float);  // one (r) row of shared memory
-  if (vec > 48 * 1024) throw std::invalid_argument("cand_proj: width r too large for the CUDA backward");
-  DCOCO_LAUNCH(grad_forward_kernel, unsigned(l.S), kThreads, vec, st)(p);
-  DCOCO_LAUNCH(grad_transition_kernel, unsigned(l.Tn), kThreads, vec, st)(p);
-  DCOCO_LAUNCH(grad_slot_kernel, unsigned(l.S), kThreads, vec, st)(p);
-  OuterSum sums[kOuterSums];
-  outer_sums(p, sums);
-  for (const OuterSum& o : sums)
-    DCOCO_LAUNCH(outer_sum_kernel, unsigned(cdiv(o.N * o.Kd, kThreads)), kThreads, 0, st)(o, p);
-  DCOCO_LAUNCH(column_sum_kernel, unsigned(cdiv(p.r + p.H + 1, kThreads)), kThreads, 0, st)(p);
+  const int64_t r = p.r, H = p.H, d = p.d;
+  if (l.trans_smem > 48 * 1024) {  // large K: the transition kernel's accumulators need the opt-in carve-out
+    int dev = 0, optin = 0;
+    check(cudaGetDevice(&dev), "dcoco.score_grad: device query");
+    check(cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev), "dcoco.score_grad: device query");
+    const void* kernel = reinterpret_cast<const void*>(transition_kernel);
+    cudaFuncAttributes a{};
+    check(cudaFuncGetAttributes(&a, kernel), "dcoco.score_grad: kernel attributes");
+    if (l.trans_smem > optin - int64_t(a.sharedSizeBytes))
+      throw std::invalid_argument("dcoco.score_grad: K too large for the CUDA backward's shared memory");
+    check(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(l.trans_smem)),
+          "dcoco.score_grad: " + std::to_string(l.trans_smem) + " bytes of shared memory not available");
+  }
+  const unsigned rows_s = unsigned(cdiv(l.S, kThreads)), rows_c = unsigned(cdiv(l.C, kThreads));
+  // forward
+  DCOCO_LAUNCH(slot_proj_kernel, output_tiles(l.S, 3 * r), kThreads, kGemmSmem, st)(p, l);
+  DCOCO_LAUNCH(cand_proj_kernel, output_tiles(l.C, r), kThreads, kGemmSmem, st)(p, l);
+  DCOCO_LAUNCH(ln_inputs_kernel, unsigned(cdiv(l.S + l.C, kThreads)), kThreads, 0, st)(p, l);
+  DCOCO_LAUNCH(fuse_kernel, output_tiles(l.C, r), kThreads, kGemmSmem, st)(p, l);
+  DCOCO_LAUNCH(ln_fuse_kernel, rows_c, kThreads, 0, st)(p, l);
+  DCOCO_LAUNCH(pred_succ_kernel, output_tiles(l.C, 2 * H), kThreads, kGemmSmem, st)(p, l);
+  DCOCO_LAUNCH(pair_kernel, output_tiles(l.Tn, H), kThreads, kGemmSmem, st)(p, l);
+  // the grid
+  DCOCO_LAUNCH(transition_kernel, unsigned(l.Tn), kThreads, size_t(l.trans_smem), st)(p, l);
+  // backward
+  DCOCO_LAUNCH(dz_kernel, output_tiles(l.C, r), kThreads, kGemmSmem, st)(p, l);
+  DCOCO_LAUNCH(ln_z_grad_kernel, rows_c, kThreads, 0, st)(p, l);
+  DCOCO_LAUNCH(db_kernel, output_tiles(l.C, r), kThreads, kGemmSmem, st)(p, l);
+  DCOCO_LAUNCH(ln_b_grad_kernel, unsigned(cdiv(l.C + l.S * r, kThreads)), kThreads, 0, st)(p, l);
+  DCOCO_LAUNCH(dg_kernel, output_tiles(l.S, r), kThreads, kGemmSmem, st)(p, l);
+  DCOCO_LAUNCH(ds_kernel, output_tiles(l.Tn, r), kThreads, kGemmSmem, st)(p, l);
+  DCOCO_LAUNCH(ln_g_grad_kernel, rows_s, kThreads, 0, st)(p, l);
+  DCOCO_LAUNCH(d_hidden_kernel, output_tiles(l.S, d), kThreads, kGemmSmem, st)(p, l);
+  // weights
+  weight_grad<wg_cand>(p, l, st);
+  weight_grad<wg_slot>(p, l, st);
+  weight_grad<wg_fuse_b>(p, l, st);
+  weight_grad<wg_fuse_g>(p, l, st);
+  weight_grad<wg_w1s>(p, l, st);
+  weight_grad<wg_w1ab>(p, l, st);
+  column_sum<cs_gamma>(p, l, st);
+  column_sum<cs_beta>(p, l, st);
+  column_sum<cs_b1>(p, l, st);
+  column_sum<cs_w2>(p, l, st);
+  column_sum<cs_la>(p, l, st);
+  column_sum<cs_lb>(p, l, st);
+  column_sum<cs_b2>(p, l, st);
   check(cudaGetLastError(), "dcoco.score_grad: CUDA launch failed");
 }
 

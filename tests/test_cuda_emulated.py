@@ -224,9 +224,11 @@ def test_emulated_kernel_never_selects_out_of_range_ids(runner, tmp_path):
 
 
 @pytest.mark.parametrize("R,B,K,d,dtype", [(2, 15, 16, 64, torch.float32), (3, 4, 5, 96, torch.bfloat16),
-                                           (1, 2, 1, 40, torch.float16)])
+                                           (1, 2, 1, 40, torch.float16), (4, 15, 16, 200, torch.bfloat16),
+                                           (9, 8, 16, 136, torch.float32), (1, 3, 64, 40, torch.float16)])
 def test_emulated_backward_matches_the_cpu_backward(grad_runner, tmp_path, R, B, K, d, dtype):
-    """cuda/score_grad.cuh (five kernels, poisoned workspace and outputs) against cpp/cpu/grad.cpp."""
+    """cuda/score_grad.cuh (GEMM-shaped: tiled projections, row-split weight GEMMs with ordered reductions, poisoned
+    workspace and outputs) through cuda/grad.cu against cpp/cpu/grad.cpp."""
     case = make_case(R, B, K, d, V=150, dtype=dtype, seed=R + B + d, r=32, H=48)
     G = torch.randn(R, B - 1, K, K, generator=torch.Generator().manual_seed(2))
     raw(G)(tmp_path / "grad.bin")
