@@ -39,7 +39,7 @@ struct Sm100Mma {
 
   // element (m,k) of an operand tile in its partitioned shape
   template <class Layout>
-  __device__ static auto at(Elem* base, int m, int k) {
+  __device__ static decltype(auto) at(Elem* base, int m, int k) {  // a reference: put_a/put_b store through it
     return cute::make_tensor(cute::make_smem_ptr(base), Layout{})(cute::make_coord(cute::make_coord(m, k % 16), 0, k / 16));
   }
 
