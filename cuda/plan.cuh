@@ -7,9 +7,11 @@
 //      batches still spread their weights over the whole GPU. Each range writes its own partial sums.
 //   2. fuse: per group of G slots (G K <= kBM candidate rows) and per kBN columns of [pred | succ] (C,2H):
 //      reduce the partials in a fixed order, LayerNorms and fusion (z), then z W1_{a|b}^T and W1_s P|Q.
-//   3. score (only when the grid is wanted): per request and transition, the K x K scores.
-//   4. walk (only when ranks are wanted): per request, greedy over the grid, or over the one row of the
-//      chosen predecessor when no grid is wanted.
+//   3. score (when the grid is wanted, or the walk reads it): per request, transition and chunk of predecessors,
+//      their K successors' scores.
+//   4. walk (only when ranks are wanted): per request, greedy over the finished grid (loaded into shared memory
+//      when it fits), or, for more than kGridWalkRequests requests without a wanted grid, over the one row of
+//      the chosen predecessor per step.
 // A tile waits only on counters of tiles with lower tickets, which have started and never wait on it,
 // so any grid of CTAs is deadlock-free; no result depends on which CTA ran a tile: deterministic.
 #pragma once
@@ -30,6 +32,12 @@ constexpr int kThreads = 256;
 constexpr int kBM = 64, kBN = 128, kBK = 32;  // the GEMM tile (M,N,K) of stages 1 and 2
 constexpr int64_t kMmaSmem = 40 * 1024;       // bound on any MMA policy's shared storage
 constexpr int64_t kAlign = 1024;              // of shared carve-outs (swizzled wgmma operands need it)
+// Up to this many requests, the walk waits for the whole grid computed across the GPU in per-predecessor tiles
+// (B-1) K per request, then walks it in shared memory; above it, the serial row walk scores only the chosen
+// predecessor's row, 1/K of the work, in one CTA per request. bench/walk_model.py: the grid is 3.9-5.1 us at
+// R=1 against the row walk's 11.1-20.8, they cross near 6 requests, and at R=32 the row walk wins 3x.
+constexpr int64_t kGridWalkRequests = 6;
+constexpr int64_t kGridWalkSmem = 64 * 1024;  // a request's grid is walked from shared memory up to this size
 
 __host__ __device__ inline int64_t cdiv(int64_t a, int64_t b) { return (a + b - 1) / b; }
 __host__ __device__ inline int64_t align_up(int64_t a) { return cdiv(a, kAlign) * kAlign; }
@@ -40,8 +48,12 @@ struct Plan {
   int64_t s_mt, s_nt, c_mt, c_nt;    // stage-1 (m,n) tiles: slot problem (S,3r), candidate problem (C,r)
   int64_t groups, g_nt;              // stage-2 tiles: groups x n-tiles of (C,2H)
   int64_t stage1, stage2, stage3, stage4, ctas;
+  bool grid, smem_grid;  // stage 3 runs (the grid is wanted or walked); the walk loads its grid into shared memory
+  int64_t rows;          // predecessors per stage-3 tile: 1 up to kGridWalkRequests requests, else K (a transition)
+  int64_t wu;            // floats of the walk's first shared carve-out: u (B-1,H) or the request's grid
   // float offsets into the workspace
-  int64_t part_s, part_c, pred, succ, pq, floats;  // (ksplit,S,3r) (ksplit,C,r) (C,H) (C,H) (S,2H)
+  int64_t part_s, part_c, pred, succ, pq, gridw, floats;  // (ksplit,S,3r) (ksplit,C,r) (C,H) (C,H) (S,2H),
+                                                         // the walked grid (R,B-1,K,K) when scores is null
   // int32 offsets into the counters (zeroed before the launch)
   int64_t ticket, slot_done, cand_done, group_done, grid_done, ints;
   // dynamic shared memory of one CTA, in bytes (the largest stage's), and the stage-2 carve-out offsets
@@ -72,17 +84,23 @@ __host__ __device__ inline Plan plan_of(const CorrectParams& p, int sms, int64_t
   l.kspan = cdiv(kblocks, want), l.ksplit = cdiv(kblocks, l.kspan);
   l.groups = cdiv(l.S, l.G), l.g_nt = cdiv(2 * H, kBN);
   l.stage1 = tiles * l.ksplit, l.stage2 = l.groups * l.g_nt;
-  l.stage3 = p.scores ? p.R * (p.B - 1) : 0, l.stage4 = p.ranks ? p.R : 0;
+  l.grid = p.scores || (p.ranks && p.R <= kGridWalkRequests);
+  l.rows = p.scores && p.R > kGridWalkRequests ? p.K : 1;  // a few requests: spread the grid over more CTAs
+  l.smem_grid = l.grid && (p.B - 1) * p.K * p.K * 4 <= kGridWalkSmem;
+  l.stage3 = l.grid ? p.R * (p.B - 1) * cdiv(p.K, l.rows) : 0, l.stage4 = p.ranks ? p.R : 0;
   l.ctas = l.stage1 + l.stage2 + l.stage3 + l.stage4;
   l.part_s = 0, l.part_c = l.part_s + l.ksplit * l.S * 3 * r, l.pred = l.part_c + l.ksplit * l.C * r * !p.table;
-  l.succ = l.pred + l.C * H, l.pq = l.succ + l.C * H, l.floats = l.pq + l.S * 2 * H;
+  l.succ = l.pred + l.C * H, l.pq = l.succ + l.C * H, l.gridw = l.pq + l.S * 2 * H;
+  l.floats = l.gridw + (l.grid && !p.scores ? p.R * (p.B - 1) * p.K * p.K : 0);
   l.ticket = 0, l.slot_done = 1, l.cand_done = l.slot_done + l.s_mt, l.group_done = l.cand_done + l.c_mt;
   l.grid_done = l.group_done + l.groups, l.ints = l.grid_done + p.R;
   const int64_t rows = l.G * p.K * r * 4, slots = l.G * r * 4;
   l.fz = 0, l.fc = align_up(rows), l.fg = l.fc + (p.table ? 0 : rows), l.fgf = l.fg + slots;
   l.fp = l.fgf + slots, l.fq = l.fp + slots, l.fmma = l.fc;
   const int64_t stage1 = align_up((kBM + kBN) * 8) + kMmaSmem, stage2 = fuse_smem(l.G, p.K, r, p.table);
-  const int64_t walk = ((p.B - 1) * H + kThreads + 2 * kMaxCandidates) * 4;
+  const int64_t grid_floats = (p.B - 1) * p.K * p.K;
+  l.wu = l.smem_grid && grid_floats > (p.B - 1) * H ? grid_floats : (p.B - 1) * H;
+  const int64_t walk = (l.wu + kThreads + 2 * kMaxCandidates) * 4;
   l.smem = stage1 > stage2 ? stage1 : stage2;
   l.smem = l.smem > walk ? l.smem : walk;
   l.fits = l.smem <= cap;

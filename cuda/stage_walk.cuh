@@ -18,16 +18,24 @@ __device__ inline void pair_term(const CorrectParams& p, const Plan& l, const fl
     u[h] = ws[l.pq + s * 2 * H + h] + ws[l.pq + (s + 1) * 2 * H + H + h] + p.w.b1[h];
 }
 
+// The grid stage 3 writes: the wanted scores, or the workspace's copy the walk reads.
+__device__ inline float* grid_of(const CorrectParams& p, const Plan& l, float* ws) {
+  return p.scores ? p.scores : ws + l.gridw;
+}
+
+// Tile t: predecessors [a0, a0 + l.rows) of one transition, against all K successors.
 __device__ void score_tile(const CorrectParams& p, const Plan& l, int64_t t, char* smem, float* ws, int* counters) {
-  const int64_t K = p.K, H = p.H, q = t / (p.B - 1), s = transition_slot(t, p.B);
+  const int64_t K = p.K, H = p.H, chunks = cdiv(K, l.rows), tt = t / chunks, a0 = t % chunks * l.rows;
+  const int64_t q = tt / (p.B - 1), s = transition_slot(tt, p.B), n = (K - a0 < l.rows ? K - a0 : l.rows) * K;
   wait_request(p, l, q, counters);
   float* u = reinterpret_cast<float*>(smem);
   pair_term(p, l, ws, s, u);
   __syncthreads();
-  for (int64_t j = threadIdx.x; j < K * K; j += kThreads) {
-    const int64_t a = j / K, b = j % K;
-    p.scores[t * K * K + j] = transition_score(u, ws + l.pred + (s * K + a) * H, ws + l.succ + ((s + 1) * K + b) * H,
-                                               p.w.w2, int(H), p.w.b2[0], cand_logit(p, (s + 1) * K + b));
+  float* grid = grid_of(p, l, ws) + (tt * K + a0) * K;
+  for (int64_t j = threadIdx.x; j < n; j += kThreads) {
+    const int64_t a = a0 + j / K, b = j % K;
+    grid[j] = transition_score(u, ws + l.pred + (s * K + a) * H, ws + l.succ + ((s + 1) * K + b) * H, p.w.w2, int(H),
+                               p.w.b2[0], cand_logit(p, (s + 1) * K + b));
   }
   arrive(counters + l.grid_done + q);
 }
@@ -35,13 +43,19 @@ __device__ void score_tile(const CorrectParams& p, const Plan& l, int64_t t, cha
 __device__ void walk_tile(const CorrectParams& p, const Plan& l, int64_t q, char* smem, float* ws, int* counters) {
   const int64_t B = p.B, K = p.K, H = p.H, s0 = q * B;
   const int tid = threadIdx.x;
-  float* u = reinterpret_cast<float*>(smem);  // (B-1,H)
-  float* partial = u + (B - 1) * H;           // (kThreads)
+  float* u = reinterpret_cast<float*>(smem);  // (B-1,H), or the request's grid (B-1,K,K)
+  float* partial = u + l.wu;                  // (kThreads)
   float* row = partial + kThreads;            // (K)
   for (int64_t b = tid; b < K; b += kThreads) row[b] = cand_logit(p, s0 * K + b);
-  if (p.scores) {  // the grid exists: walk it
-    wait_for(counters + l.grid_done + q, B - 1);
-    if (tid == 0) greedy_walk(p.scores + q * (B - 1) * K * K, row, int(B), int(K), p.ranks + s0);
+  if (l.grid) {  // the grid exists: walk it, from shared memory when it fits (one parallel load, then no L2 trips)
+    wait_for(counters + l.grid_done + q, (B - 1) * cdiv(K, l.rows));
+    const float* grid = grid_of(p, l, ws) + q * (B - 1) * K * K;
+    if (l.smem_grid) {
+      for (int64_t j = tid; j < (B - 1) * K * K; j += kThreads) u[j] = grid[j];
+      __syncthreads();
+      grid = u;
+    }
+    if (tid == 0) greedy_walk(grid, row, int(B), int(K), p.ranks + s0);
   } else {  // greedy reads one predecessor row per step, each score split over the CTA, summed in order
     wait_request(p, l, q, counters);
     for (int64_t t = 0; t + 1 < B; ++t) pair_term(p, l, ws, s0 + t, u + t * H);

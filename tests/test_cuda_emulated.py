@@ -117,7 +117,7 @@ def run_kernel(runner, folder: Path, case, table=None, scores=True, ids=None, sm
     if run.returncode:
         print(run.stderr)
         raise subprocess.CalledProcessError(run.returncode, run.args, run.stdout, run.stderr)
-    out = {"path": run.stdout.split()[1]}
+    out = {"path": run.stdout.split()[1], "walk": run.stdout.split()[-1]}
     out |= {k: torch.from_numpy(np.fromfile(folder / f"{k}.bin", dtype=np.int64)).view(R, B)
            for k in ("ranks", "tokens")}
     if scores:
@@ -170,6 +170,22 @@ def test_tensor_core_paths_match_reference(mma_runner, tmp_path, path, R, B, K, 
     assert out["path"] == path
     torch.testing.assert_close(out["scores"].double(), s64, rtol=1e-3, atol=1e-3 * scale)
     assert_walk_matches(out["ranks"], s64, case.cand_logits[:, 0], atol=2e-3 * scale)
+
+
+@pytest.mark.parametrize("R,K,walk", [
+    (3, 16, "grid-smem"),  # a few requests: the grid across the GPU (a tile per predecessor), walked in shared memory
+    (2, 64, "grid"),  # its grid (245 KB) does not fit shared memory: walked where stage 3 wrote it
+    (8, 16, "rows"),  # more than kGridWalkRequests: the serial row walk, 1/K of the MLP terms
+])
+def test_the_walk_design_follows_the_batch(runner, tmp_path, R, K, walk):
+    """Without a wanted grid, the walk is the hybrid of bench/walk_model.py: grid-then-walk for up to 6 requests,
+    the row walk above; both give the reference's greedy path."""
+    case = make_case(R, 15, K, 64, V=300, dtype=torch.bfloat16, seed=R + K)
+    s64 = case.ref_scores()
+    out = run_kernel(runner, tmp_path, case, scores=False)
+    assert out["walk"] == walk
+    assert_walk_matches(out["ranks"], s64, case.cand_logits[:, 0], atol=1e-4 * (s64.abs().max().item() + 1.0))
+    assert torch.equal(out["tokens"], torch.gather(case.cand_ids.long(), 2, out["ranks"][..., None])[..., 0])
 
 
 @pytest.fixture(scope="module")

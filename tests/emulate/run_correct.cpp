@@ -63,10 +63,11 @@ int main(int argc, char** argv) {
   if (counters[plan.ticket] != plan.ctas) return 3;  // every CTA took exactly one ticket
   for (int64_t g = 0; g < plan.groups; ++g)
     if (counters[plan.group_done + g] != plan.g_nt) return 4;  // every stage-2 tile arrived
-  for (int64_t q = 0; q < p.R && want_scores; ++q)
-    if (counters[plan.grid_done + q] != p.B - 1) return 4;
-  std::printf("ksplit %ld G %ld smem %ld stage tiles %ld %ld %ld %ld\n", long(plan.ksplit), long(plan.G),
-              long(plan.smem), long(plan.stage1), long(plan.stage2), long(plan.stage3), long(plan.stage4));
+  for (int64_t q = 0; q < p.R && plan.grid; ++q)  // every grid tile of the request arrived
+    if (counters[plan.grid_done + q] != (p.B - 1) * dcoco::cuda::cdiv(p.K, plan.rows)) return 4;
+  std::printf("ksplit %ld G %ld smem %ld stage tiles %ld %ld %ld %ld walk %s\n", long(plan.ksplit), long(plan.G),
+              long(plan.smem), long(plan.stage1), long(plan.stage2), long(plan.stage3), long(plan.stage4),
+              !plan.grid ? "rows" : plan.smem_grid ? "grid-smem" : "grid");
   if (want_scores) write_file(dir + "/scores.bin", scores.data(), scores.size());
   write_file(dir + "/ranks.bin", ranks.data(), ranks.size());
   write_file(dir + "/tokens.bin", tokens.data(), tokens.size());
