@@ -5,12 +5,18 @@
 # preprocessor or a lone brace) of what it never compiles: the launchers *.cu, the tensor-core policies sm*_*.cuh
 # and code under __CUDACC__, all unexecuted until the emulation runs them.
 # Prints one line per file and the total. Uses .venv from scripts/setup.sh.
+# `--report DIR`: only the report, from runners a test run already built and ran in DIR with
+# DCOCO_EMU_DIR=DIR DCOCO_EMU_FLAGS="-O0 --coverage" (what .ci/run does, so the emulated tests run once).
 set -euo pipefail
 cd "$(dirname "$0")/.."
-dir=$(mktemp -d)
-trap 'rm -rf "$dir"' EXIT
-DCOCO_EMU_DIR="$dir" DCOCO_EMU_FLAGS="-O0 --coverage" .venv/bin/python -m pytest -q -p no:cacheprovider \
-  tests/test_cuda_emulated.py tests/test_emulated_mma.py >"$dir/pytest.log" 2>&1 || { tail -20 "$dir/pytest.log"; exit 1; }
+if [ "${1:-}" = "--report" ]; then
+  dir=$2
+else
+  dir=$(mktemp -d)
+  trap 'rm -rf "$dir"' EXIT
+  DCOCO_EMU_DIR="$dir" DCOCO_EMU_FLAGS="-O0 --coverage" .venv/bin/python -m pytest -q -p no:cacheprovider \
+    tests/test_cuda_emulated.py tests/test_emulated_mma.py >"$dir/pytest.log" 2>&1 || { tail -20 "$dir/pytest.log"; exit 1; }
+fi
 for g in "$dir"/*.gcda; do  # each runner's report in its own folder: they share header names
   out="$dir/gcov-$(basename "$g" .gcda)"
   mkdir -p "$out" && (cd "$out" && gcov -p -o "$dir" "$g" >/dev/null 2>&1 || true)

@@ -117,7 +117,8 @@ def run_kernel(runner, folder: Path, case, table=None, scores=True, ids=None, sm
     if run.returncode:
         print(run.stderr)
         raise subprocess.CalledProcessError(run.returncode, run.args, run.stdout, run.stderr)
-    out = {"path": run.stdout.split()[1], "walk": run.stdout.split()[-1]}
+    said = dict(line.split(" ", 1) for line in run.stdout.splitlines())
+    out = {"path": said["path"], "walk": said["ksplit"].split()[-1], "device": said.get("device")}
     out |= {k: torch.from_numpy(np.fromfile(folder / f"{k}.bin", dtype=np.int64)).view(R, B)
            for k in ("ranks", "tokens")}
     if scores:
@@ -168,6 +169,8 @@ def test_tensor_core_paths_match_reference(mma_runner, tmp_path, path, R, B, K, 
     scale = s64.abs().max().item() + 1.0
     out = run_kernel(mma_runner, tmp_path, case, tab, scores=True, sms=sms, device=TENSOR_CORE_DEVICES[path])
     assert out["path"] == path
+    major, minor, _ = TENSOR_CORE_DEVICES[path]
+    assert out["device"].startswith(f"1 emulated (sm_{major}{minor}), CUTLASS 4.")  # cuda/device.cu's status()
     torch.testing.assert_close(out["scores"].double(), s64, rtol=1e-3, atol=1e-3 * scale)
     assert_walk_matches(out["ranks"], s64, case.cand_logits[:, 0], atol=2e-3 * scale)
 

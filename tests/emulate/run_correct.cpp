@@ -13,6 +13,9 @@
 #define DCOCO_CUDA_ARCHS_BUILT "80,90a,100a"
 #endif
 #include "correct.cu"
+#if defined(DCOCO_EMULATE_MMA)
+#include "device.cu"  // needs CUTLASS's version header, which only the tensor-core build has on its path
+#endif
 
 #include <cstdio>
 #include <stdexcept>
@@ -53,6 +56,11 @@ int main(int argc, char** argv) {
     else
       dcoco::cuda::correct(p);
     std::printf("path %s\n", launch ? "simt" : dcoco::cuda::cuda_path().c_str());
+#if defined(DCOCO_EMULATE_MMA)
+    const auto [devices, name] = dcoco::cuda::status();
+    std::printf("device %d %s, CUTLASS %s%s\n", devices, name.c_str(), dcoco::cuda::cutlass_version().c_str(),
+                dcoco::cuda::built() ? "" : " (not built)");
+#endif
   } catch (const std::invalid_argument& e) {
     std::fprintf(stderr, "%s\n", e.what());
     return 5;
