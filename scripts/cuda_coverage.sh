@@ -6,7 +6,7 @@
 # and code under __CUDACC__, all unexecuted until the emulation runs them.
 # Prints one line per file and the total. Uses .venv from scripts/setup.sh.
 # `--report DIR`: only the report, from runners a test run already built and ran in DIR with
-# DCOCO_EMU_DIR=DIR DCOCO_EMU_FLAGS="-O0 --coverage" (what .ci/run does, so the emulated tests run once).
+# DCOCO_EMU_DIR=DIR DCOCO_EMU_FLAGS="-O1 --coverage" (what .ci/run does, so the emulated tests run once).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 if [ "${1:-}" = "--report" ]; then
@@ -14,7 +14,7 @@ if [ "${1:-}" = "--report" ]; then
 else
   dir=$(mktemp -d)
   trap 'rm -rf "$dir"' EXIT
-  DCOCO_EMU_DIR="$dir" DCOCO_EMU_FLAGS="-O0 --coverage" .venv/bin/python -m pytest -q -p no:cacheprovider \
+  DCOCO_EMU_DIR="$dir" DCOCO_EMU_FLAGS="-O1 --coverage" .venv/bin/python -m pytest -q -p no:cacheprovider \
     tests/test_cuda_emulated.py tests/test_emulated_mma.py >"$dir/pytest.log" 2>&1 || { tail -20 "$dir/pytest.log"; exit 1; }
 fi
 for g in "$dir"/*.gcda; do  # each runner's report in its own folder: they share header names

@@ -43,7 +43,7 @@ def cutlass_include() -> str:
 
 def build(tmp_path_factory, name: str, mma: bool = False) -> Path:
     """The emulated runner `name` (with the tensor-core instructions emulated when mma); DCOCO_EMU_FLAGS replaces
-    -O2 (scripts/cuda_coverage.sh builds with --coverage into DCOCO_EMU_DIR)."""
+    -O2 (scripts/cuda_coverage.sh builds with -O1 --coverage into DCOCO_EMU_DIR)."""
     cxx = shutil.which("g++")
     if cxx is None:
         pytest.skip("needs g++ to build the emulated kernels")
@@ -173,6 +173,19 @@ def test_tensor_core_paths_match_reference(mma_runner, tmp_path, path, R, B, K, 
     assert out["device"].startswith(f"1 emulated (sm_{major}{minor}), CUTLASS 4.")  # cuda/device.cu's status()
     torch.testing.assert_close(out["scores"].double(), s64, rtol=1e-3, atol=1e-3 * scale)
     assert_walk_matches(out["ranks"], s64, case.cand_logits[:, 0], atol=2e-3 * scale)
+
+
+@pytest.mark.parametrize("cap", list(CAPS))
+@pytest.mark.parametrize("path", list(TENSOR_CORE_DEVICES))
+def test_tensor_core_paths_fit_every_cap(mma_runner, tmp_path, path, cap):
+    """Each tensor-core path under each device's shared memory (99 KB: sm_86/89/120, 163 KB: A100, 227 KB:
+    H100/H200/B200), K=16 without the table: the plan that score, so training, launches."""
+    case = make_case(2, 15, 16, 64, V=200, dtype=torch.bfloat16, seed=11)
+    s64 = case.ref_scores()
+    scale = s64.abs().max().item() + 1.0
+    out = run_kernel(mma_runner, tmp_path, case, scores=True, cap=CAPS[cap], device=TENSOR_CORE_DEVICES[path])
+    assert out["path"] == path
+    torch.testing.assert_close(out["scores"].double(), s64, rtol=1e-3, atol=1e-3 * scale)
 
 
 @pytest.mark.parametrize("R,K,walk", [
