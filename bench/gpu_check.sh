@@ -15,19 +15,39 @@
 #      its "passed" (every fused check green) is what may put its arch into backend.VALIDATED_CUDA_ARCHS.
 # From the session:  run(command="bash bench/gpu_check.sh", carry=[".whl"], timeout_s=600)
 # where .whl/ holds nvidia_cutlass-4.2.0.0-py3-none-any.whl (pip download --no-deps nvidia-cutlass==4.2.0.0 -d .whl).
+#
+# Rehearsal on a CPU machine, so that a typo cannot waste a lent device: `bash bench/gpu_check.sh --rehearse`
+# runs every step with .venv's python, a CPU-only build, the device "cpu", compute-sanitizer replaced by a shim that
+# runs the command bare, and the GPU timings only imported; it ends with the report (whose "passed" is false: no
+# GPU ran). CI runs it (scripts/rehearse_gpu_check.sh).
 set -uo pipefail
+rehearse=0
+[ "${1:-}" = "--rehearse" ] && rehearse=1
 OUT=${OUT:-/tmp/gpu_check}
 W=/tmp/gpu_work  # everything but the report, the summary and the logs stays here (8 files come back from $OUT)
+rm -rf "$W"
 mkdir -p "$OUT" "$W"
 export PYTHONUNBUFFERED=1
 log() { echo "== $*" | tee -a "$OUT/summary.txt"; }
+dev=cuda cuda=ON build_s=150 fused_steps=50 native_steps=20
+if [ $rehearse = 1 ]; then  # a 2-core CPU machine: a slower build, and few training steps inside the same timeouts
+  dev=cpu cuda=OFF build_s=600 fused_steps=8 native_steps=8
+  mkdir -p "$W/bin"
+  printf '#!/usr/bin/env bash\nexec "%s/.venv/bin/python3" "$@"\n' "$PWD" >"$W/bin/python3"  # a link would lose the venv
+  printf '#!/usr/bin/env bash\n# compute-sanitizer --tool T --error-exitcode N cmd...: the rehearsal runs cmd bare\nshift 4; exec "$@"\n' \
+    >"$W/bin/compute-sanitizer"
+  chmod +x "$W/bin/compute-sanitizer" "$W/bin/python3"
+  export PATH="$W/bin:$PATH"
+  log "rehearsal: CPU only, GPU steps stubbed"
+fi
 
 python3 -m pip install -q --no-index --no-deps --target /tmp/site .whl/nvidia_cutlass-*.whl || exit 1
 export PYTHONPATH=/tmp/site
-arch=$(python3 -c "import torch; a, b = torch.cuda.get_device_capability(); print(f'{a}{b}a' if a >= 9 else f'{a}{b}')")
+arch=90a  # the rehearsal's stand-in
+[ $rehearse = 1 ] || arch=$(python3 -c "import torch; a, b = torch.cuda.get_device_capability(); print(f'{a}{b}a' if a >= 9 else f'{a}{b}')")
 log "building for $arch"
 start=$SECONDS
-DCOCO_CUDA=ON DCOCO_CUDA_ARCHS="$arch" timeout 150 python3 -m pip install -q --no-build-isolation --no-deps \
+DCOCO_CUDA=$cuda DCOCO_CUDA_ARCHS="$arch" timeout $build_s python3 -m pip install -q --no-build-isolation --no-deps \
   --target /tmp/dcoco . >"$OUT/build.log" 2>&1 || { tail -30 "$OUT/build.log"; exit 1; }
 export PYTHONPATH=/tmp/dcoco:/tmp/site
 log "built in $((SECONDS - start)) s: $(python3 -c 'import dcoco, json; print(json.dumps(dcoco.build_info()))')"
@@ -40,10 +60,11 @@ log "tests: $(tail -1 "$OUT/tests.log")"
 # 3. the fused kernel under compute-sanitizer
 small='import torch, dcoco, sys; sys.path.insert(0, "tests"); from conftest import make_case
 dcoco.set_backend("fused")
-c = make_case(2, 15, 16, 256, V=500, dtype=torch.bfloat16, seed=0); c.corrector.cuda()
-x = [t.cuda() for t in c.inputs]; h = x[0].float().requires_grad_()
+dev = "cuda" if torch.cuda.is_available() else "cpu"
+c = make_case(2, 15, 16, 256, V=500, dtype=torch.bfloat16, seed=0); c.corrector.to(dev)
+x = [t.to(dev) for t in c.inputs]; h = x[0].float().requires_grad_()
 c.corrector.score(h, *x[1:]).sum().backward(); c.corrector(*x); c.corrector.prepare_inference(x[3]); c.corrector(*x)
-torch.cuda.synchronize(); print("small case ok")'
+torch.cuda.synchronize() if dev == "cuda" else None; print("small case ok on", dev)'
 for tool in memcheck racecheck synccheck; do
   timeout 40 compute-sanitizer --tool $tool --error-exitcode 3 python3 -c "$small" >"$W/sanitizer_$tool.log" 2>&1
   echo $? >"$W/sanitizer_$tool.rc"
@@ -53,14 +74,20 @@ done
 # 4. training smoke, each backend: fused with the target's features captured online (the default on CUDA) and
 #    gradient checkpointing, 50 steps; native from a feature cache
 for b in fused native; do
-  case $b in fused) how="--steps 50 --features online --grad-checkpoint" ;; *) how="--steps 20 --features cache" ;; esac
-  DCOCO_BACKEND=$b timeout 45 python3 bench/gpu_train_smoke.py --device cuda $how 2>"$W/train_$b.err" \
+  case $b in fused) how="--steps $fused_steps --features online --grad-checkpoint" ;; *) how="--steps $native_steps --features cache" ;; esac
+  DCOCO_BACKEND=$b timeout 45 python3 bench/gpu_train_smoke.py --device $dev $how 2>"$W/train_$b.err" \
     | tail -1 >"$W/train_$b.json"
   log "train smoke ($b): $(cat "$W/train_$b.json")"
 done
 
 # 5. timings
-timeout 60 python3 bench/gpu_bench.py --out "$W" 2>&1 | tee "$OUT/bench.log" | tail -16
+if [ $rehearse = 1 ]; then
+  python3 -c "import runpy, sys; sys.argv = ['gpu_bench.py', '--help']; runpy.run_path('bench/gpu_bench.py', run_name='__main__')" \
+    >"$OUT/bench.log" 2>&1
+  log "timings: rehearsal, bench/gpu_bench.py imported only (exit $?)"
+else
+  timeout 60 python3 bench/gpu_bench.py --out "$W" 2>&1 | tee "$OUT/bench.log" | tail -16
+fi
 
 # 6. the plugin on vLLM's GPU runner, when the image has vLLM (nothing can be installed there: no network)
 if [ $SECONDS -gt 420 ]; then  # the report below must make it inside the device call's 600 s
