@@ -3,6 +3,7 @@
 
 #include <stdexcept>
 #include <string>
+#include <utility>
 
 #include "check.cuh"
 #include "dcoco/api.h"
@@ -26,6 +27,14 @@ void column_sum(const GradParams<float>& p, const GradPlan& l, cudaStream_t st) 
   const ColSum& c = l.cs[X];
   DCOCO_LAUNCH(column_sum_kernel<X>, unsigned(c.cb * c.chunks), kThreads, kThreads * sizeof(float), st)(p, l);
   DCOCO_LAUNCH(column_reduce_kernel<X>, unsigned(cdiv(c.cols, kThreads)), kThreads, 0, st)(p, l);
+}
+
+// Every weight GEMM, then every column sum, in enum order.
+template <int... W, int... X>
+void weight_sums(const GradParams<float>& p, const GradPlan& l, cudaStream_t st, std::integer_sequence<int, W...>,
+                 std::integer_sequence<int, X...>) {
+  (weight_grad<W>(p, l, st), ...);
+  (column_sum<X>(p, l, st), ...);
 }
 
 }  // namespace
@@ -70,19 +79,7 @@ void score_grad(const GradParams<float>& p) {
   DCOCO_LAUNCH(ln_g_grad_kernel, rows_s, kThreads, 0, st)(p, l);
   DCOCO_LAUNCH(d_hidden_kernel, output_tiles(l.S, d), kThreads, kGemmSmem, st)(p, l);
   // weights
-  weight_grad<wg_cand>(p, l, st);
-  weight_grad<wg_slot>(p, l, st);
-  weight_grad<wg_fuse_b>(p, l, st);
-  weight_grad<wg_fuse_g>(p, l, st);
-  weight_grad<wg_w1s>(p, l, st);
-  weight_grad<wg_w1ab>(p, l, st);
-  column_sum<cs_gamma>(p, l, st);
-  column_sum<cs_beta>(p, l, st);
-  column_sum<cs_b1>(p, l, st);
-  column_sum<cs_w2>(p, l, st);
-  column_sum<cs_la>(p, l, st);
-  column_sum<cs_lb>(p, l, st);
-  column_sum<cs_b2>(p, l, st);
+  weight_sums(p, l, st, std::make_integer_sequence<int, kWeightGemms>{}, std::make_integer_sequence<int, kColumnSums>{});
   check(cudaGetLastError(), "dcoco.score_grad: CUDA launch failed");
 }
 

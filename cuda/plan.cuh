@@ -49,7 +49,8 @@ struct Plan {
   int64_t groups, g_nt;              // stage-2 tiles: groups x n-tiles of (C,2H)
   int64_t stage1, stage2, stage3, stage4, ctas;
   bool grid, smem_grid;  // stage 3 runs (the grid is wanted or walked); the walk loads its grid into shared memory
-  int64_t rows;          // predecessors per stage-3 tile: 1 up to kGridWalkRequests requests, else K (a transition)
+  int64_t rows, chunks;  // predecessors per stage-3 tile (1 up to kGridWalkRequests requests, else K: a transition),
+                         // and tiles per transition, cdiv(K, rows)
   int64_t wu;            // floats of the walk's first shared carve-out: u (B-1,H) or the request's grid
   // float offsets into the workspace
   int64_t part_s, part_c, pred, succ, pq, gridw, floats;  // (ksplit,S,3r) (ksplit,C,r) (C,H) (C,H) (S,2H),
@@ -84,21 +85,22 @@ __host__ __device__ inline Plan plan_of(const CorrectParams& p, int sms, int64_t
   l.kspan = cdiv(kblocks, want), l.ksplit = cdiv(kblocks, l.kspan);
   l.groups = cdiv(l.S, l.G), l.g_nt = cdiv(2 * H, kBN);
   l.stage1 = tiles * l.ksplit, l.stage2 = l.groups * l.g_nt;
+  const int64_t grid_floats = (p.B - 1) * p.K * p.K;  // one request's grid
   l.grid = p.scores || (p.ranks && p.R <= kGridWalkRequests);
   l.rows = p.scores && p.R > kGridWalkRequests ? p.K : 1;  // a few requests: spread the grid over more CTAs
-  l.smem_grid = l.grid && (p.B - 1) * p.K * p.K * 4 <= kGridWalkSmem;
-  l.stage3 = l.grid ? p.R * (p.B - 1) * cdiv(p.K, l.rows) : 0, l.stage4 = p.ranks ? p.R : 0;
+  l.chunks = cdiv(p.K, l.rows);
+  l.smem_grid = l.grid && grid_floats * 4 <= kGridWalkSmem;
+  l.stage3 = l.grid ? p.R * (p.B - 1) * l.chunks : 0, l.stage4 = p.ranks ? p.R : 0;
   l.ctas = l.stage1 + l.stage2 + l.stage3 + l.stage4;
   l.part_s = 0, l.part_c = l.part_s + l.ksplit * l.S * 3 * r, l.pred = l.part_c + l.ksplit * l.C * r * !p.table;
   l.succ = l.pred + l.C * H, l.pq = l.succ + l.C * H, l.gridw = l.pq + l.S * 2 * H;
-  l.floats = l.gridw + (l.grid && !p.scores ? p.R * (p.B - 1) * p.K * p.K : 0);
+  l.floats = l.gridw + (l.grid && !p.scores ? p.R * grid_floats : 0);
   l.ticket = 0, l.slot_done = 1, l.cand_done = l.slot_done + l.s_mt, l.group_done = l.cand_done + l.c_mt;
   l.grid_done = l.group_done + l.groups, l.ints = l.grid_done + p.R;
   const int64_t rows = l.G * p.K * r * 4, slots = l.G * r * 4;
   l.fz = 0, l.fc = align_up(rows), l.fg = l.fc + (p.table ? 0 : rows), l.fgf = l.fg + slots;
   l.fp = l.fgf + slots, l.fq = l.fp + slots, l.fmma = l.fc;
   const int64_t stage1 = align_up((kBM + kBN) * 8) + kMmaSmem, stage2 = fuse_smem(l.G, p.K, r, p.table);
-  const int64_t grid_floats = (p.B - 1) * p.K * p.K;
   l.wu = l.smem_grid && grid_floats > (p.B - 1) * H ? grid_floats : (p.B - 1) * H;
   const int64_t walk = (l.wu + kThreads + 2 * kMaxCandidates) * 4;
   l.smem = stage1 > stage2 ? stage1 : stage2;

@@ -25,7 +25,7 @@ __device__ inline float* grid_of(const CorrectParams& p, const Plan& l, float* w
 
 // Tile t: predecessors [a0, a0 + l.rows) of one transition, against all K successors.
 __device__ void score_tile(const CorrectParams& p, const Plan& l, int64_t t, char* smem, float* ws, int* counters) {
-  const int64_t K = p.K, H = p.H, chunks = cdiv(K, l.rows), tt = t / chunks, a0 = t % chunks * l.rows;
+  const int64_t K = p.K, H = p.H, tt = t / l.chunks, a0 = t % l.chunks * l.rows;
   const int64_t q = tt / (p.B - 1), s = transition_slot(tt, p.B), n = (K - a0 < l.rows ? K - a0 : l.rows) * K;
   wait_request(p, l, q, counters);
   float* u = reinterpret_cast<float*>(smem);
@@ -48,7 +48,7 @@ __device__ void walk_tile(const CorrectParams& p, const Plan& l, int64_t q, char
   float* row = partial + kThreads;            // (K)
   for (int64_t b = tid; b < K; b += kThreads) row[b] = cand_logit(p, s0 * K + b);
   if (l.grid) {  // the grid exists: walk it, from shared memory when it fits (one parallel load, then no L2 trips)
-    wait_for(counters + l.grid_done + q, (B - 1) * cdiv(K, l.rows));
+    wait_for(counters + l.grid_done + q, (B - 1) * l.chunks);
     const float* grid = grid_of(p, l, ws) + q * (B - 1) * K * K;
     if (l.smem_grid) {
       for (int64_t j = tid; j < (B - 1) * K * K; j += kThreads) u[j] = grid[j];

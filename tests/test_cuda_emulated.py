@@ -1,8 +1,9 @@
-"""The fused CUDA forward (cuda/fused_correct.cuh with its SIMT MMA policy) run on the CPU under tests/emulate:
-every CUDA thread a coroutine, several blocks in flight on OS threads, real barriers, warp shuffles and
-inter-CTA counters. Its schedule (split of d over CTAs, partial sums, slot groups across requests, n-tiles,
-grid and walk tiles), loaders and epilogues are checked against the reference here; the tensor-core
-policies share all of it but their MMAs, and run only on a GPU (bench/gpu_check.sh). Needs g++ (C++20)."""
+"""The CUDA kernels run on the CPU under tests/emulate through their real host launchers (cuda/*.cu) on fake devices:
+every CUDA thread a coroutine, several blocks in flight on OS threads, real barriers, warp shuffles and inter-CTA
+counters. The fused forward's schedule (split of d over CTAs, partial sums, slot groups across requests, n-tiles,
+grid and walk tiles), loaders and epilogues, each tensor-core path with its instructions emulated (tensor_cores.h),
+the dispatch, the table, select and the backward are checked against the reference here. Needs g++ (C++20) and the
+CUDA toolkit's headers; the tensor-core paths also the nvidia-cutlass wheel's CuTe headers."""
 
 import importlib.util
 import os

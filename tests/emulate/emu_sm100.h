@@ -2,8 +2,8 @@
 // documented semantics (sections cited where each is written, by name; "PTX" = the PTX ISA 9.0: chapter 9.7.16
 // "TensorCore 5th Generation Family Instructions", and "mbarrier" / "elect.sync" / "membar/fence" of 9.7.13).
 // Per block (reset through emu::block_resets()): the tensor memory (128 lanes x 512 columns of 32-bit cells), its
-// allocations, the MMAs issued but not yet completed, each thread's tcgen05.ld results not yet waited for, and the
-// async proxy's view of shared memory. mbarrier state lives IN its 8-byte shared-memory word.
+// allocations, the MMAs issued but not yet completed and each thread's tcgen05.ld results not yet waited for; the MMAs
+// read shared memory through emu_sm90.h's async-proxy view. mbarrier state lives IN its 8-byte shared-memory word.
 //
 // A use the GPU leaves undefined or that would hang (a lane-quarter violation, a double allocation, a read of
 // accumulators an MMA is still writing, a wait that can never complete, ...) prints "emulated sm100: ..." and
@@ -15,7 +15,7 @@
 //   * tcgen05.ld 32x32b.x1: a copy_unpack overload for Copy_Traits<SM100_TMEM_LOAD_32dp32b1x>, more specialized
 //     than CuTe's, found by ADL from Copy_Atom::call.
 //   * CuTe/CUTLASS functions whose host build is a SILENT no-op (initialize_barrier, wait_barrier, umma_arrive,
-//     fence_view_async_shared, fence_barrier_init, fence_view_async_tmem_load) and the TMEM allocator class
+//     fence_barrier_init, fence_view_async_tmem_load; fence_view_async_shared is emu_sm90.h's) and the TMEM allocator class
 //     (whose members have no overloadable form): object-like redirect macros to emu_* replacements, defined after
 //     every CuTe/CUTLASS header the kernels include has been parsed here (#pragma once keeps them from being
 //     re-parsed under the macros).
@@ -32,9 +32,7 @@
 #include <cute/arch/tmem_allocator_sm100.hpp>
 #include <cutlass/arch/barrier.h>
 
-#if defined(fence_view_async_shared)  // redirected by another arch's emulation: the MMAs read shared memory as it
-#define DCOCO_EMU_SM100_LIVE_SMEM 1     // is (no missing-fence check)
-#endif
+#include "emu_sm90.h"  // fence.proxy.async and the async proxy's view of shared memory (emu::async_smem)
 
 #include <cstdarg>
 #include <cstring>
@@ -78,7 +76,6 @@ struct State {
   std::vector<Group> in_flight;               // committed, not yet complete (in commit order)
   std::vector<std::vector<Load>> loads;       // per CUDA thread
   std::vector<uint64_t> collective;           // per CUDA thread: the operands of a warp-collective instruction
-  std::vector<char> async_view;               // shared memory as the async proxy sees it (last fence.proxy.async)
   unsigned long long stalled = 0;             // polls of incomplete mbarriers since the last progress
   ~State() {  // the OS thread's last block: it must not exit holding tensor memory either
     if (allocated && !failing) {
@@ -109,12 +106,6 @@ inline void reset() {
   s.next_id = 1, s.alloc_warp = -1, s.allocated = 0, s.relinquished = false, s.stalled = 0;
   const unsigned n = emu::block_dim.x;
   s.uncommitted.assign(n, {}), s.in_flight.clear(), s.loads.assign(n, {}), s.collective.assign(n, 0);
-#if !defined(DCOCO_EMU_FENCE_VIEW_ASYNC_SHARED)
-  // before any fence the async proxy sees what shared memory held before the block: stale data
-  s.async_view.assign(emu::dynamic_smem.data(), emu::dynamic_smem.data() + emu::dynamic_bytes);
-#else
-  s.async_view.resize(emu::dynamic_bytes);  // only its size (emu::async_smem holds the view)
-#endif
   state = &s;
 }
 inline const bool registered = (emu::block_resets().push_back(&reset), true);
@@ -256,14 +247,9 @@ inline uint32_t element_address(const Sdesc& s, bool mn_major, int row, int k) {
 }
 
 inline float operand(uint32_t addr, int fmt) {
-  State& st = *state;
-  if (addr + 2 > st.async_view.size()) fail("tcgen05.mma: operand byte %u past the launch's shared memory", addr);
+  if (addr + 2 > emu::dynamic_bytes) fail("tcgen05.mma: operand byte %u past the launch's shared memory", addr);
   uint16_t bits;
-#if defined(DCOCO_EMU_FENCE_VIEW_ASYNC_SHARED)  // emu_sm90.h's async-proxy view (and its missing-fence check)
-  emu::async_smem::read(addr, &bits, 2);
-#else
-  std::memcpy(&bits, st.async_view.data() + addr, 2);
-#endif
+  emu::async_smem::read(addr, &bits, 2);  // through the async proxy, with its missing-fence check
   return fmt == 1 ? float(cute::bfloat16_t::bitcast(bits)) : float(cute::half_t::bitcast(bits));
 }
 
@@ -447,16 +433,6 @@ inline void wait_ld() {
   mine.clear();
 }
 
-// Without emu_sm90.h's emu::async_smem (which defines the same fence, with the same model):
-// PTX membar/fence: fence.proxy.async.shared::cta orders the generic-proxy shared-memory writes before
-// it with the async proxy (tcgen05.mma operands). Modelled as: the async proxy sees shared memory as of the last
-// such fence by any thread (a missing fence leaves the MMAs reading stale data; a fence by another thread than the
-// writer is not told apart).
-inline void fence_proxy_async() {
-  State& s = *state;
-  std::memcpy(s.async_view.data(), emu::dynamic_smem.data(), s.async_view.size());
-}
-
 }  // namespace emu::sm100
 
 // tcgen05.mma: the atoms the policies use (K-major operands; N up to 256 for the unit test's variants)
@@ -512,9 +488,6 @@ inline void emu_umma_arrive(uint64_t const* bar) {
 // state is read from its shared word, so an init that has not happened is still caught.
 inline void emu_fence_barrier_init() {}
 inline void emu_fence_view_async_tmem_load() { ::emu::sm100::wait_ld(); }  // tcgen05.wait::ld
-#if !defined(DCOCO_EMU_FENCE_VIEW_ASYNC_SHARED)
-inline void emu_fence_view_async_shared() { ::emu::sm100::fence_proxy_async(); }
-#endif
 }  // namespace cutlass::arch
 
 // the redirects (see the top of this file)
@@ -524,7 +497,4 @@ inline void emu_fence_view_async_shared() { ::emu::sm100::fence_proxy_async(); }
 #define fence_barrier_init emu_fence_barrier_init
 #define fence_view_async_tmem_load emu_fence_view_async_tmem_load
 #define Allocator1Sm EmuAllocator1Sm
-#if !defined(DCOCO_EMU_FENCE_VIEW_ASYNC_SHARED)  // else emu_sm90.h redirected it already, to the same model
-#define fence_view_async_shared emu_fence_view_async_shared
-#endif
 #endif  // DCOCO_EMULATE_MMA

@@ -52,15 +52,7 @@ inline void reset_block() {
   stale = false;
 }
 inline const bool registered = (emu::block_resets().push_back(&reset_block), true);
-// Other emulations whose async reads keep their own view (emu_sm100.h may) can add their fence here.
-inline std::vector<void (*)()>& fence_hooks() {
-  static std::vector<void (*)()> hooks;
-  return hooks;
-}
-inline void fence() {
-  stale = true;
-  for (auto hook : fence_hooks()) hook();
-}
+inline void fence() { stale = true; }
 // n bytes at shared-memory offset `at`, as the async proxy sees them
 inline void read(size_t at, void* dst, size_t n) {
   if (at + n > emu::dynamic_bytes) {
@@ -249,6 +241,4 @@ inline void emu_sm90_fence_view_async_shared() { emu::async_smem::fence(); }
 #define warpgroup_arrive emu_warpgroup_arrive
 #define warpgroup_commit_batch emu_warpgroup_commit_batch
 #define warpgroup_wait emu_warpgroup_wait
-#define fence_view_async_shared emu_sm90_fence_view_async_shared
-// for emu_sm100.h: the fence is emulated here (emu::async_smem, and its fence_hooks() for another view)
-#define DCOCO_EMU_FENCE_VIEW_ASYNC_SHARED 1
+#define fence_view_async_shared emu_sm90_fence_view_async_shared  // emu_sm100.h's MMAs read through the same view

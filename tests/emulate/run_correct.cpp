@@ -9,9 +9,6 @@
 #if defined(DCOCO_EMULATE_MMA)
 #include "tensor_cores.h"
 #endif
-#ifndef DCOCO_CUDA_ARCHS_BUILT
-#define DCOCO_CUDA_ARCHS_BUILT "80,90a,100a"
-#endif
 #include "correct.cu"
 #if defined(DCOCO_EMULATE_MMA)
 #include "device.cu"  // needs CUTLASS's version header, which only the tensor-core build has on its path
@@ -72,7 +69,7 @@ int main(int argc, char** argv) {
   for (int64_t g = 0; g < plan.groups; ++g)
     if (counters[plan.group_done + g] != plan.g_nt) return 4;  // every stage-2 tile arrived
   for (int64_t q = 0; q < p.R && plan.grid; ++q)  // every grid tile of the request arrived
-    if (counters[plan.grid_done + q] != (p.B - 1) * dcoco::cuda::cdiv(p.K, plan.rows)) return 4;
+    if (counters[plan.grid_done + q] != (p.B - 1) * plan.chunks) return 4;
   std::printf("ksplit %ld G %ld smem %ld stage tiles %ld %ld %ld %ld walk %s\n", long(plan.ksplit), long(plan.G),
               long(plan.smem), long(plan.stage1), long(plan.stage2), long(plan.stage3), long(plan.stage4),
               !plan.grid ? "rows" : plan.smem_grid ? "grid-smem" : "grid");

@@ -4,9 +4,6 @@
 // (V,r) and ranks-<rule>.bin (R,B). Exit 8: a CUDA error or a refused argument.
 #include "cuda_emulation.h"
 // the emulation header must come first: it defines the CUDA keywords the kernels use
-#ifndef DCOCO_CUDA_ARCHS_BUILT
-#define DCOCO_CUDA_ARCHS_BUILT "80,90a,100a"
-#endif
 #include "correct.cu"
 #include "select.cu"
 
