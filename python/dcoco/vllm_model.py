@@ -21,6 +21,7 @@ gathered once, when vLLM shares it into the drafter at load time, and the vocabu
 `Corrector.prepare_inference` is built from it there too, so eager and graph calls compute the same thing. (A
 drafter with its own embedding prepares at its first forward: vLLM's eager start-up pass on a GPU.) Every rank
 then corrects the same gathered top-K, so drafts agree across ranks.
+The tensor work of both hooks (top-K, the corrector call, the hand-back) is in hook.py, which imports no vLLM.
 Imported by vLLM only (the plugin names it lazily)."""
 
 from __future__ import annotations
@@ -36,9 +37,8 @@ from vllm.model_executor.custom_op import CustomOp
 from vllm.model_executor.models.qwen3_dflash import DFlashQwen3ForCausalLM
 from vllm.transformers_utils.repo_utils import get_hf_file_bytes
 
-from . import backend, checkpoint
+from . import backend, checkpoint, hook
 from .corrector import Corrector
-from .select import select
 
 logger = init_logger(__name__)
 
@@ -81,11 +81,7 @@ class CorrectorOp(CustomOp):
         return self._tokens(hidden, cand_ids, cand_logits)
 
     def _tokens(self, hidden, cand_ids, cand_logits):
-        c, embed = self._corrector[0], self.embed
-        if self.selection == "greedy":
-            return c(hidden, cand_ids, cand_logits, embed)[1]
-        ranks = select(c.score(hidden, cand_ids, cand_logits, embed), cand_logits[:, 0], self.selection)
-        return cand_ids.gather(2, ranks[..., None])[..., 0]
+        return hook.tokens(self._corrector[0], self.embed, self.selection, hidden, cand_ids, cand_logits)
 
 
 def _capturing() -> bool:
@@ -225,30 +221,27 @@ class DFlashDCOCOForCausalLM(DFlashQwen3ForCausalLM):
         return rows // N
 
     def correct(self, hidden: torch.Tensor, cand_ids: torch.Tensor, cand_logits: torch.Tensor) -> torch.Tensor:
-        """(R*N,) corrected tokens from the (R*N, d) hidden rows and their (R*N, K) top-K (rank 0 = argmax)."""
-        R, K = hidden.shape[0] // self.num_slots, cand_ids.shape[-1]
+        """tokens (R,N) from hidden (R,N,d) and its top-K cand_ids / cand_logits (R,N,K) (rank 0 = argmax)."""
         with torch.profiler.record_function(OP_NAME):  # the corrector's share of a draft step, in a profile
-            return self.corrector_op(hidden.view(R, self.num_slots, -1), cand_ids.view(R, self.num_slots, K),
-                                     cand_logits.view(R, self.num_slots, K)).view(-1)
+            return self.corrector_op(hidden, cand_ids, cand_logits)
 
     def compute_logits(self, hidden_states: torch.Tensor) -> torch.Tensor | None:
         logits = super().compute_logits(hidden_states)
         if logits is None or self._slots(logits.shape[0]) is None:
             return logits
         with torch.profiler.record_function(HOOK):
-            top = logits.topk(min(self.corrector.num_candidates, logits.shape[1]), dim=-1)  # rank 0 = argmax
-            tokens = self.correct(hidden_states, top.indices, top.values.float())[:, None]
-            if self.point_mass:
-                return logits.fill_(float("-inf")).scatter_(1, tokens, 0.0)
-            return logits.scatter_(1, tokens, float("inf"))
+            return hook.on_logits(self.correct, hidden_states, logits, self.num_slots, self.corrector.num_candidates,
+                                  self.point_mass)
 
     def get_top_tokens(self, hidden_states: torch.Tensor) -> torch.Tensor:
-        if self._slots(hidden_states.shape[0]) is None:
+        R = self._slots(hidden_states.shape[0])
+        if R is None:
             return super().get_top_tokens(hidden_states)
         with torch.profiler.record_function(HOOK):  # includes the LM head here: vLLM's reduction runs it
             ids, values = self._top_k(hidden_states, min(self.corrector.num_candidates,
                                                         self.model.embed_tokens.org_vocab_size))
-            return self.correct(hidden_states, ids, values)
+            N, K = self.num_slots, ids.shape[-1]
+            return self.correct(hidden_states.view(R, N, -1), ids.view(R, N, K), values.view(R, N, K)).view(-1)
 
     def _top_k(self, hidden: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
         """The (rows, k) global top-K ids and float32 logits, reduced across the LM head's vocab shards.

@@ -1,0 +1,46 @@
+"""What the vLLM plugin adds to a draft call, as plain tensor ops with no vLLM import: the top-K of the draft
+logits, the corrector over each request's N slots, and the hand-back of the corrected tokens into the logits.
+
+vllm_model.py calls these; the device check (bench/gpu_hook.py) captures them in a CUDA graph and
+bench/launch_model.py counts their launches, so all three see the same ops."""
+
+from __future__ import annotations
+
+import torch
+
+from .corrector import Corrector
+from .select import select
+
+
+def tokens(corrector: Corrector, embed: torch.Tensor, selection: str, hidden: torch.Tensor, cand_ids: torch.Tensor,
+           cand_logits: torch.Tensor) -> torch.Tensor:
+    """tokens (R,N) int64: the corrected draft for hidden (R,N,d), cand_ids / cand_logits (R,N,K), by the rule
+    selection (greedy: the corrector's walk over the prepared table; global / geometric: the whole grid)."""
+    if selection == "greedy":
+        return corrector(hidden, cand_ids, cand_logits, embed)[1]
+    ranks = select(corrector.score(hidden, cand_ids, cand_logits, embed), cand_logits[:, 0], selection)
+    return cand_ids.gather(2, ranks[..., None])[..., 0]
+
+
+def candidates(logits: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """The (rows, k) top-K ids (rank 0 = argmax) and their logits as float32, from logits in their own dtype."""
+    top = logits.topk(min(k, logits.shape[-1]), dim=-1)
+    return top.indices, top.values.float()
+
+
+def hand_back(logits: torch.Tensor, tokens: torch.Tensor, point_mass: bool) -> torch.Tensor:
+    """Writes the (rows,) chosen tokens into logits (rows, V) in place: +inf there when only an argmax reads
+    them, or a point mass (0 there, -inf elsewhere) when vLLM samples them or reads them as a proposal."""
+    if point_mass:
+        return logits.fill_(float("-inf")).scatter_(1, tokens[:, None], 0.0)
+    return logits.scatter_(1, tokens[:, None], float("inf"))
+
+
+def on_logits(correct, hidden: torch.Tensor, logits: torch.Tensor, slots: int, k: int,
+              point_mass: bool) -> torch.Tensor:
+    """The whole hook on a compute_logits call: logits (R*N, V) of hidden (R*N, d), rows request-major, N = slots;
+    correct(hidden (R,N,d), ids (R,N,K), values (R,N,K)) -> tokens (R,N). Returns logits, rewritten in place."""
+    ids, values = candidates(logits, k)
+    R, K = logits.shape[0] // slots, ids.shape[-1]
+    chosen = correct(hidden.view(R, slots, -1), ids.view(R, slots, K), values.view(R, slots, K)).view(-1)
+    return hand_back(logits, chosen, point_mass)
