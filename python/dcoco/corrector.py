@@ -69,10 +69,15 @@ class Corrector(nn.Module):
 
         Differentiable in hidden, cand_logits and every parameter (the fused backend's compiled backward, or
         autograd through the native path); embed (frozen) and the ids get no gradient. float64 inputs compute
-        in float64 on the CPU (for gradcheck)."""
+        in float64 on the CPU (for gradcheck). When nothing needs a gradient, the native path gathers the
+        prepared vocabulary table (prepare_inference) instead of projecting the candidates' embedding rows."""
         _ops.require_tensors(hidden=hidden, cand_ids=cand_ids, cand_logits=cand_logits, embed=embed)
         if backend.native(hidden.device):
-            return native.score(hidden, cand_ids, cand_logits, embed, self.weights())
+            wanted = torch.is_grad_enabled() and (hidden.requires_grad or cand_logits.requires_grad or
+                                                  any(p.requires_grad for p in self.parameters()))
+            prepared = None if wanted else self._fresh_prepared(embed)
+            table, weights = (None, self.weights()) if prepared is None else prepared[1:]
+            return native.score(hidden, cand_ids, cand_logits, embed, weights, table)
         return torch.ops.dcoco.score(hidden, cand_ids, cand_logits, embed, *self.weights())
 
     def forward(self, hidden: torch.Tensor, cand_ids: torch.Tensor, cand_logits: torch.Tensor,

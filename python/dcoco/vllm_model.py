@@ -199,8 +199,7 @@ class DFlashDCOCOForCausalLM(DFlashQwen3ForCausalLM):
                                "start-up pass should have prepared it (report this with your vLLM version)")
         embed = self._full_embedding(self.model.embed_tokens if emb is None else emb)
         self.corrector_op.embed = embed
-        if self.corrector_op.selection == "greedy":  # the walk gathers table rows; the path rules score all of E
-            self.corrector.prepare_inference(embed)
+        self.corrector.prepare_inference(embed)  # the walk gathers its rows; so does the native grid of the path rules
 
     def forward(self, *args, **kwargs):
         self.prepare()

@@ -1,0 +1,87 @@
+"""The native backend's shape on a GPU, counted: kernel-launching ops per call (dcoco.launches on the meta
+device, where nothing computes and no host sync can hide). Counts are deterministic, so the bounds are exact
+assertions, and they must not grow with the number of requests."""
+
+import pytest
+import torch
+
+import dcoco
+from dcoco import hook
+from dcoco.launches import count
+
+B, K, V = 15, 16, 4096
+FORWARD_MAX = 40  # Corrector.forward with the prepared table
+PATH_RULE_MAX = 60  # the grid and a path rule (hook.tokens: score, select, the tokens)
+HOOK_MAX = 46  # the whole compute_logits hook: top-K, the corrector, the hand-back
+TRAIN_CHUNK_MAX = 120  # score + backward, one chunk of requests
+REQUESTS = (1, 8, 32)
+
+
+@pytest.fixture(scope="module")
+def corrector():
+    with dcoco.use_backend("native"):
+        m = dcoco.Corrector(1024).to("meta").requires_grad_(False)
+        embed = torch.empty(V, 1024, device="meta")
+        m.prepare_inference(embed)
+        yield m, embed
+
+
+def inputs(R, d=1024, dtype=torch.float32):
+    return (torch.empty(R, B, d, device="meta", dtype=dtype), torch.empty(R, B, K, device="meta", dtype=torch.int64),
+            torch.empty(R, B, K, device="meta"))
+
+
+def counted(fn, *args):
+    with dcoco.use_backend("native"), torch.no_grad():  # no_grad: composite ops show their kernels
+        _, c = count(fn, *args)
+    assert c.syncs == 0, c.ops
+    return c
+
+
+def test_forward_launches_a_few_dozen_kernels_at_any_batch(corrector):
+    m, embed = corrector
+    counts = {R: counted(m, *inputs(R), embed).count for R in REQUESTS}
+    assert len(set(counts.values())) == 1, counts  # whole-batch ops: no per-request or per-slot loop
+    assert counts[1] <= FORWARD_MAX, counted(m, *inputs(1), embed).by_op()
+
+
+@pytest.mark.parametrize("rule", ["global", "geometric"])
+def test_path_rules_scan_in_a_few_dozen_kernels(corrector, rule):
+    m, embed = corrector
+    counts = {R: counted(hook.tokens, m, embed, rule, *inputs(R)).count for R in REQUESTS}
+    assert len(set(counts.values())) == 1, counts
+    assert counts[1] <= PATH_RULE_MAX, counted(hook.tokens, m, embed, rule, *inputs(1)).by_op()
+
+
+@pytest.mark.parametrize("point_mass", [False, True])
+def test_the_vllm_hook_as_a_whole(corrector, point_mass):
+    """What the plugin runs on a compute_logits call: bf16 logits and hidden states, as vLLM hands them."""
+    m, embed = corrector
+
+    def run(R):
+        logits = torch.empty(R * B, V, device="meta", dtype=torch.bfloat16)
+        hidden = torch.empty(R * B, 1024, device="meta", dtype=torch.bfloat16)
+        correct = lambda h, i, lg: hook.tokens(m, embed, "greedy", h, i, lg)  # noqa: E731
+        return counted(hook.on_logits, correct, hidden, logits, B, K, point_mass)
+
+    counts = {R: run(R).count for R in REQUESTS}
+    assert len(set(counts.values())) == 1, counts
+    assert counts[1] <= HOOK_MAX, run(1).by_op()
+
+
+def test_the_training_path_is_whole_tensor_ops_too():
+    """score + backward: whole-batch ops in chunks of requests (recomputed in the backward); at d=1024 a chunk
+    holds 8 requests, so R = 1 and 8 are one chunk each."""
+    with dcoco.use_backend("native"):
+        m = dcoco.Corrector(1024).to("meta")
+        embed = torch.empty(V, 1024, device="meta")
+
+        def step(R):
+            h, ids, lg = inputs(R)
+            h.requires_grad_()
+            _, c = count(lambda: m.score(h, ids, lg, embed).sum().backward())
+            assert c.syncs == 0, c.ops
+            return c
+
+        for R in (1, 8):
+            assert step(R).count <= TRAIN_CHUNK_MAX, step(R).by_op()
