@@ -148,3 +148,52 @@ def test_memory_stays_bounded():
     row = json.loads(out[out.index("{"):])["results"][0]
     assert row["extra_peak_bytes"] < 2 * row["preactivation_bytes"], row
     assert row["extra_peak_bytes"] < 10 * native.CHUNK_BYTES, row
+
+
+@pytest.mark.parametrize("T", [0, 1, 2, 3, 4, 7, 8, 9, 14, 16, 31, 33])
+def test_pointer_doubling_is_the_serial_walk(T):
+    """_compose's log-depth prefix composition against the plain left-to-right loop, any number of maps."""
+    g = torch.Generator().manual_seed(T)
+    f = torch.randint(0, 5, (7, T, 5), generator=g)
+    k = torch.randint(0, 5, (7,), generator=g)
+    want = [k]
+    for p in range(T):
+        want.append(f[torch.arange(7), p, want[-1]])
+    assert torch.equal(native._compose(f, k), torch.stack(want, 1))
+
+
+def serial_viterbi(scores, first, lam):
+    """The core's rule, literally: right to left, each node keeps its lowest-rank best successor; NaN loses."""
+    R, T, K, _ = scores.shape
+    out = torch.empty(R, T + 1, dtype=torch.int64)
+    for q in range(R):
+        after, nxt = [0.0] * K, [[0] * K for _ in range(T)]
+        for p in range(T - 1, -1, -1):
+            vals = []
+            for a in range(K):
+                row = [lam ** p * float(scores[q, p, a, b]) + after[b] for b in range(K)]
+                row = [float("-inf") if v != v else v for v in row]
+                nxt[p][a] = max(range(K), key=lambda b: (row[b], -b))
+                vals.append(row[nxt[p][a]])
+            after = vals
+        start = [float(first[q, a]) + after[a] for a in range(K)]
+        start = [float("-inf") if v != v else v for v in start]
+        k = max(range(K), key=lambda a: (start[a], -a))
+        out[q, 0] = k
+        for p in range(T):
+            k = nxt[p][k]
+            out[q, p + 1] = k
+    return out
+
+
+@pytest.mark.parametrize("B", [2, 3, 9, 15, 17, 33])
+@pytest.mark.parametrize("rule,lam", [("global", 1.0), ("geometric", 0.5)])
+def test_max_plus_scan_is_the_serial_viterbi(B, rule, lam):
+    """Small integers with ties everywhere and a NaN or an infinity here and there: every partial sum is exact
+    (lam = 0.5 keeps them dyadic), so the tree-ordered scan must pick the very path of the serial rule."""
+    g = torch.Generator().manual_seed(B)
+    scores = torch.randint(-2, 3, (4, B - 1, 4, 4), generator=g).float()
+    first = torch.randint(-1, 2, (4, 4), generator=g).float()
+    scores[0, 0, 1, 2], scores[1, -1, 0, 0], scores[2, B // 2 - 1, 3, 1] = float("nan"), float("inf"), float("-inf")
+    first[3, 0] = float("nan")
+    assert torch.equal(native.select(scores, first, rule, lam), serial_viterbi(scores, first, lam))
