@@ -1,105 +1,140 @@
 #!/usr/bin/env bash
-# The one prepared device call: 8.5 minutes at most without vLLM on the image, 10 with it (each step has a
-# timeout, and the vLLM step starts only within the first 7 minutes; never run yet). On the lent GPU it:
-#   1. builds dcoco for the GPU's arch (CUTLASS from the carried wheel);
-#   2. runs tests/test_cuda.py + test_select.py on CUDA under both backends, against the literal reference
-#      (every fused kernel path, CUDA-graph capture and replay of both backends, backward);
-#   3. runs compute-sanitizer memcheck, racecheck and synccheck on a small fused case;
-#   4. runs `dcoco train --mode joint` on a tiny random target under each backend: fused with online features
-#      and gradient checkpointing (50 steps), native from a feature cache (20 steps);
-#   5. times fused vs native vs the reference (bench/gpu_bench.py);
-#   6. if vLLM is on the device image: serves a tiny target with a tiny DCOCO drafter on vLLM's GPU runner, CUDA
-#      graphs on; greedy output must equal no speculation, and the corrector must have drafted
-#      (bench/gpu_vllm_smoke.py); skipped, and said so, without vLLM;
-#   7. writes $OUT/<gpu>-<date>.json (bench/gpu_report.py). Commit it as bench/results/gpu/<gpu>-<date>.json:
-#      its "passed" (every fused check green) is what may put its arch into backend.VALIDATED_CUDA_ARCHS.
-# From the session:  run(command="bash bench/gpu_check.sh", carry=[".whl"], timeout_s=600)
-# where .whl/ holds nvidia_cutlass-4.2.0.0-py3-none-any.whl (pip download --no-deps nvidia-cutlass==4.2.0.0 -d .whl).
+# The one prepared device call: at most LIMIT s of device time, counted as START (the machine's start and the
+# transfers, before the command runs) plus every step's timeout below. Steps run in order of value, each under its
+# own timeout, and each writes its result to $OUT when it ends, so a call cut off still returns what finished; the
+# report at the end summarises whatever exists. `bash bench/gpu_check.sh --plan` prints this plan as JSON, and the
+# CPU rehearsal fails when START + the steps' sum exceeds LIMIT.
+LIMIT=360 START=60
+STEPS=(wheel build env tests hook sanitizer bench report)
+declare -A T=(
+  [wheel]=5        # CUTLASS headers from the carried wheel
+  [build]=130      # dcoco for this GPU's arch alone (sm_90a on an H200), on every core: one arch took 144 s
+                   # on 2 busy cores, 105 s of it cuda/correct.cu alone, so nvcc --split-compile spreads that file
+  [env]=10         # $OUT/env.json: the GPU, torch, dcoco.build_info(); the fused path must load
+  [tests]=60       # tests/test_cuda.py + test_select.py on CUDA, each test under both backends, vs the reference
+  [hook]=35        # bench/gpu_hook.py: the plugin's hook eager and replayed in a CUDA graph, both backends,
+                   # R 1/8/32, checked against the CPU core, timed against plain DFlash (argmax only)
+  [sanitizer]=40   # bench/gpu_sanitize.py: memcheck, racecheck, synccheck at once, on dcoco's kernels only
+  [bench]=15       # bench/gpu_bench.py --quick: kernel timings of both backends, R 1..256, and training
+  [report]=5       # bench/gpu_report.py: $OUT/<gpu>-<date>.json; its "passed" may validate the arch
+)
+# From the session, where .whl/ holds nvidia_cutlass-4.2.0.0-py3-none-any.whl (pip download --no-deps
+# nvidia-cutlass==4.2.0.0 -d .whl), with timeout_s the steps' sum plus a little (a guard: each step ends itself):
+#   run(command="bash bench/gpu_check.sh", carry=[".whl"], timeout_s=310), then give_back at once (idle time counts)
+# $OUT gets 8 files (the most that come back): summary.txt, build.log, env.json, junit.xml, hook.json,
+# sanitizer.json, gpu_bench.json and the report. Commit the report as bench/results/gpu/<gpu>-<date>.json: its
+# "passed" (fused tests, the hook on the fused backend, and all three sanitizers clean on dcoco's kernels) is what
+# may put its arch into backend.VALIDATED_CUDA_ARCHS.
 #
-# Rehearsal on a CPU machine, so that a typo cannot waste a lent device: `bash bench/gpu_check.sh --rehearse`
-# runs every step with .venv's python, a CPU-only build, the device "cpu", compute-sanitizer replaced by a shim that
-# runs the command bare, and the GPU timings only imported; it ends with the report (whose "passed" is false: no
-# GPU ran). CI runs it (scripts/rehearse_gpu_check.sh).
+# Rehearsal on a CPU machine, so that a typo cannot waste a lent device: `bash bench/gpu_check.sh --rehearse` runs
+# every step with .venv's python, a CPU-only build, the device "cpu" (the hook at small sizes, its CUDA-graph parts
+# skipped), compute-sanitizer replaced by a shim that runs the command bare, and gpu_bench.py only imported, each
+# under the rehearsal's own timeouts (RT: 2 cores); it ends with the report, whose "passed" is false (no GPU ran).
+# CI runs it (scripts/rehearse_gpu_check.sh).
+declare -A RT=([wheel]=60 [build]=900 [env]=60 [tests]=300 [hook]=300 [sanitizer]=300 [bench]=60 [report]=60)
 set -uo pipefail
+
+if [ "${1:-}" = "--plan" ]; then
+  sum=0 steps=""
+  for s in "${STEPS[@]}"; do sum=$((sum + T[$s])); steps+="${steps:+, }\"$s\": ${T[$s]}"; done
+  echo "{\"limit_s\": $LIMIT, \"start_s\": $START, \"steps_s\": {$steps}, \"total_s\": $((START + sum))}"
+  exit 0
+fi
 rehearse=0
 [ "${1:-}" = "--rehearse" ] && rehearse=1
 OUT=${OUT:-/tmp/gpu_check}
-W=/tmp/gpu_work  # everything but the report, the summary and the logs stays here (8 files come back from $OUT)
+W=/tmp/gpu_work  # logs and build files that do not come back
 rm -rf "$W"
 mkdir -p "$OUT" "$W"
 export PYTHONUNBUFFERED=1
 log() { echo "== $*" | tee -a "$OUT/summary.txt"; }
-dev=cuda cuda=ON build_s=150 fused_steps=50 native_steps=20
-if [ $rehearse = 1 ]; then  # a 2-core CPU machine: a slower build, and few training steps inside the same timeouts
-  dev=cpu cuda=OFF build_s=600 fused_steps=8 native_steps=8
+tmo() { if [ $rehearse = 1 ]; then echo "${RT[$1]}"; else echo "${T[$1]}"; fi; }
+ended() { log "step $1: exit $2 in $((SECONDS - $3)) s (timeout $(tmo "$1") s)"; }  # gpu_report.py parses this
+report() {
+  local s=$SECONDS
+  timeout "$(tmo report)" python3 bench/gpu_report.py "$OUT" | tee -a "$OUT/summary.txt"
+  ended report "${PIPESTATUS[0]}" $s
+}
+log "plan: $(bash "$0" --plan)"
+
+cuda=ON hook_args=() san_args=()
+if [ $rehearse = 1 ]; then  # a 2-core CPU machine: CPU-only build, small hook sizes
+  cuda=OFF hook_args=(--device cpu --R 1 2 --V 1000 --d 64 --reps 5 --self-check) san_args=(--device cpu)
   mkdir -p "$W/bin"
   printf '#!/usr/bin/env bash\nexec "%s/.venv/bin/python3" "$@"\n' "$PWD" >"$W/bin/python3"  # a link would lose the venv
-  printf '#!/usr/bin/env bash\n# compute-sanitizer --tool T --error-exitcode N cmd...: the rehearsal runs cmd bare\nshift 4; exec "$@"\n' \
+  printf '#!/usr/bin/env bash\n# compute-sanitizer --opt value ... cmd...: the rehearsal runs cmd bare (every option takes a value)\nwhile [ "${1#--}" != "$1" ]; do shift 2; done; exec "$@"\n' \
     >"$W/bin/compute-sanitizer"
   chmod +x "$W/bin/compute-sanitizer" "$W/bin/python3"
   export PATH="$W/bin:$PATH"
   log "rehearsal: CPU only, GPU steps stubbed"
 fi
 
-python3 -m pip install -q --no-index --no-deps --target /tmp/site .whl/nvidia_cutlass-*.whl || exit 1
+# wheel
+s=$SECONDS
+timeout "$(tmo wheel)" python3 -m pip install -q --no-index --no-deps --target /tmp/site .whl/nvidia_cutlass-*.whl
+rc=$?; ended wheel $rc $s
+[ $rc = 0 ] || { report; exit 1; }
 export PYTHONPATH=/tmp/site
+
+# build: the arch from nvidia-smi (importing torch would cost seconds here); split-compile spreads the one big
+# translation unit over the cores, and the build tree stays out of the repo's build/
 arch=90a  # the rehearsal's stand-in
-[ $rehearse = 1 ] || arch=$(python3 -c "import torch; a, b = torch.cuda.get_device_capability(); print(f'{a}{b}a' if a >= 9 else f'{a}{b}')")
-log "building for $arch"
-start=$SECONDS
-DCOCO_CUDA=$cuda DCOCO_CUDA_ARCHS="$arch" timeout $build_s python3 -m pip install -q --no-build-isolation --no-deps \
-  --target /tmp/dcoco . >"$OUT/build.log" 2>&1 || { tail -30 "$OUT/build.log"; exit 1; }
+if [ $rehearse = 0 ]; then
+  cap=$(nvidia-smi --query-gpu=compute_cap --format=csv,noheader 2>/dev/null | head -1 | tr -d ' .')
+  [ -n "$cap" ] || cap=$(python3 -c "import torch; print('%d%d' % torch.cuda.get_device_capability())")
+  arch=$cap; [ $((cap / 10)) -ge 9 ] && arch=${cap}a  # the arch-specific instructions (wgmma, tcgen05)
+fi
+log "building for $arch on $(nproc) cores"
+s=$SECONDS
+CUDAFLAGS="--split-compile=0 --threads 0" CMAKE_BUILD_PARALLEL_LEVEL=$(nproc) DCOCO_CUDA=$cuda DCOCO_CUDA_ARCHS="$arch" \
+  timeout "$(tmo build)" python3 -m pip install -q --no-build-isolation --no-deps --config-settings=build-dir="$W/build" \
+  --target /tmp/dcoco . >"$OUT/build.log" 2>&1
+rc=$?; ended build $rc $s
+[ $rc = 0 ] || { tail -30 "$OUT/build.log"; report; exit 1; }
 export PYTHONPATH=/tmp/dcoco:/tmp/site
-log "built in $((SECONDS - start)) s: $(python3 -c 'import dcoco, json; print(json.dumps(dcoco.build_info()))')"
 
-# 2. both backends against the reference (each_backend runs every test under fused and native)
-timeout 90 python3 -m pytest -q -p no:cacheprovider --junitxml="$W/junit.xml" tests/test_cuda.py tests/test_select.py \
-  2>&1 | tee "$OUT/tests.log" | tail -15
-log "tests: $(tail -1 "$OUT/tests.log")"
+# env
+s=$SECONDS
+timeout "$(tmo env)" python3 - "$OUT/env.json" <<'PY'
+import json, os, sys, torch, dcoco
+cuda = torch.cuda.is_available()
+cap = torch.cuda.get_device_capability() if cuda else (0, 0)
+env = {"gpu": torch.cuda.get_device_name() if cuda else "cpu rehearsal", "arch": f"sm_{cap[0]}{cap[1]}",
+       "cuda": cuda, "fused_cuda": dcoco.cuda_available(), "torch": torch.__version__, "cores": os.cpu_count(),
+       "dcoco": dcoco.build_info()}
+open(sys.argv[1], "w").write(json.dumps(env, indent=1))
+print(env["gpu"], env["arch"], "fused CUDA path:", env["fused_cuda"], "torch", env["torch"])
+PY
+rc=$?; ended env $rc $s
 
-# 3. the fused kernel under compute-sanitizer
-small='import torch, dcoco, sys; sys.path.insert(0, "tests"); from conftest import make_case
-dcoco.set_backend("fused")
-dev = "cuda" if torch.cuda.is_available() else "cpu"
-c = make_case(2, 15, 16, 256, V=500, dtype=torch.bfloat16, seed=0); c.corrector.to(dev)
-x = [t.to(dev) for t in c.inputs]; h = x[0].float().requires_grad_()
-c.corrector.score(h, *x[1:]).sum().backward(); c.corrector(*x); c.corrector.prepare_inference(x[3]); c.corrector(*x)
-torch.cuda.synchronize() if dev == "cuda" else None; print("small case ok on", dev)'
-for tool in memcheck racecheck synccheck; do
-  timeout 40 compute-sanitizer --tool $tool --error-exitcode 3 python3 -c "$small" >"$W/sanitizer_$tool.log" 2>&1
-  echo $? >"$W/sanitizer_$tool.rc"
-  log "compute-sanitizer $tool: exit $(cat "$W/sanitizer_$tool.rc")"
-done
+# tests: SIGINT 5 s before the step's end, so pytest still writes the junit of what ran
+s=$SECONDS
+timeout -s INT -k 5 $(($(tmo tests) - 5)) python3 -m pytest -q -p no:cacheprovider --junitxml="$OUT/junit.xml" \
+  tests/test_cuda.py tests/test_select.py >"$W/tests.log" 2>&1
+rc=$?; tail -15 "$W/tests.log"; ended tests $rc $s
+log "tests: $(tail -1 "$W/tests.log")"
 
-# 4. training smoke, each backend: fused with the target's features captured online (the default on CUDA) and
-#    gradient checkpointing, 50 steps; native from a feature cache
-for b in fused native; do
-  case $b in fused) how="--steps $fused_steps --features online --grad-checkpoint" ;; *) how="--steps $native_steps --features cache" ;; esac
-  DCOCO_BACKEND=$b timeout 45 python3 bench/gpu_train_smoke.py --device $dev $how 2>"$W/train_$b.err" \
-    | tail -1 >"$W/train_$b.json"
-  log "train smoke ($b): $(cat "$W/train_$b.json")"
-done
+# hook
+s=$SECONDS
+timeout "$(tmo hook)" python3 bench/gpu_hook.py --out "$OUT/hook.json" "${hook_args[@]}" >"$W/hook.log" 2>&1
+rc=$?; tail -18 "$W/hook.log"; ended hook $rc $s
 
-# 5. timings
+# sanitizer: its own deadline a little inside the step's, so the JSON is written
+s=$SECONDS
+timeout "$(tmo sanitizer)" python3 bench/gpu_sanitize.py --out "$OUT/sanitizer.json" \
+  --timeout $(($(tmo sanitizer) - 5)) --logs "$W" "${san_args[@]}" 2>&1 | tee "$W/sanitizer.log"
+rc=${PIPESTATUS[0]}; ended sanitizer $rc $s
+
+# bench
+s=$SECONDS
 if [ $rehearse = 1 ]; then
-  python3 -c "import runpy, sys; sys.argv = ['gpu_bench.py', '--help']; runpy.run_path('bench/gpu_bench.py', run_name='__main__')" \
-    >"$OUT/bench.log" 2>&1
-  log "timings: rehearsal, bench/gpu_bench.py imported only (exit $?)"
+  timeout "$(tmo bench)" python3 -c "import runpy, sys; sys.argv = ['gpu_bench.py', '--help']; runpy.run_path('bench/gpu_bench.py', run_name='__main__')" \
+    >"$W/bench.log" 2>&1
+  rc=$?; log "timings: rehearsal, bench/gpu_bench.py imported only"
 else
-  timeout 60 python3 bench/gpu_bench.py --out "$W" 2>&1 | tee "$OUT/bench.log" | tail -16
+  timeout "$(tmo bench)" python3 bench/gpu_bench.py --quick --out "$OUT" >"$W/bench.log" 2>&1
+  rc=$?; tail -16 "$W/bench.log"
 fi
+ended bench $rc $s
 
-# 6. the plugin on vLLM's GPU runner, when the image has vLLM (nothing can be installed there: no network)
-if [ $SECONDS -gt 420 ]; then  # the report below must make it inside the device call's 600 s
-  log "vllm: skipped, $SECONDS s spent and the report must be written"
-elif python3 -c "import vllm" 2>/dev/null; then
-  for what in plain dcoco; do
-    timeout 75 python3 bench/gpu_vllm_smoke.py "$W" $what >"$W/vllm_$what.log" 2>&1 || tail -5 "$W/vllm_$what.log"
-  done
-  log "vllm: $(cat "$W/vllm.json" 2>/dev/null | python3 -c 'import json,sys; r=json.load(sys.stdin); print(r["vllm"], "passed", r["passed"])' 2>/dev/null || echo failed, see vllm_dcoco.log)"
-else
-  log "vllm: not on this image, step skipped"
-fi
-
-# 7. the one JSON to commit
-python3 bench/gpu_report.py "$W" "$OUT" | tee -a "$OUT/summary.txt"
+report

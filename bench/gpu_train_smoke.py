@@ -1,7 +1,8 @@
 """A short `dcoco train --mode joint` on a tiny random target (dcoco.tiny), on the given device, under the
-backend DCOCO_BACKEND selects, with the target's features captured online or from a cache. Run by
-bench/gpu_check.sh; also runs on a CPU. Prints one JSON line: {backend, device, features, grad_checkpoint,
-requested, returncode, steps, first and last losses, seconds}.
+backend DCOCO_BACKEND selects, with the target's features captured online or from a cache. A standalone check
+on a GPU (bench/gpu_check.sh leaves it out: the device call's time goes to the fused kernel's checks, and the
+tests cover the backward); also runs on a CPU. Prints one JSON line: {backend, device, features,
+grad_checkpoint, requested, returncode, steps, first and last losses, seconds}.
 
   DCOCO_BACKEND=fused python bench/gpu_train_smoke.py --device cuda --steps 50 --features online --grad-checkpoint
 """

@@ -114,13 +114,13 @@ def main() -> None:
         hidden, logits = inputs(R)
         h3, ids, lg = hidden.view(R, B, D), torch.empty(R, B, K, dtype=torch.int64, device="meta"), \
             torch.empty(R, B, K, device="meta")
-        greedy = lambda h, i, v: hook.tokens(m, embed, "greedy", h, i, v)  # noqa: E731
+        greedy = hook.rows(lambda h, i, v: hook.tokens(m, embed, "greedy", h, i, v), B)
         with dcoco.use_backend("native"):
             cases = {"native forward": measured(m, h3, ids, lg, embed),
-                     "native hook": measured(hook.on_logits, greedy, hidden, logits, B, K, False),
+                     "native hook": measured(hook.on_logits, greedy, hidden, logits, K, False),
                      "native global": measured(hook.tokens, m, embed, "global", h3, ids, lg)}
         with dcoco.use_backend("fused"):
-            fused = measured(hook.on_logits, greedy, hidden, logits, B, K, False)
+            fused = measured(hook.on_logits, greedy, hidden, logits, K, False)
         cases["native hook, grid fused"] = fuse_grid(cases["native hook"], R)
         kernel, kernel_bytes = fused_kernel_us(R)
         fused["ops"] = [o for o in fused["ops"] if o["op"] != "correct"]
@@ -141,7 +141,8 @@ def main() -> None:
     print(f"{'R':>3} | {'path':<24} | {'launches':>8} | {'MB moved':>9} | {'eager, us':>15} | {'CUDA graph, us':>15}")
     for r in rows:
         print(f"{r['R']:>3} | {r['path']:<24} | {r['launches']:>8} | {r['mbytes']:>9.1f} | "
-              f"{r['eager_us'][0]:>6.0f} .. {r['eager_us'][1]:<6.0f} | {r['graph_us'][0]:>6.0f} .. {r['graph_us'][1]:<6.0f}")
+              f"{r['eager_us'][0]:>6.0f} .. {r['eager_us'][1]:<6.0f} | "
+              f"{r['graph_us'][0]:>6.0f} .. {r['graph_us'][1]:<6.0f}")
     for name, (lo, hi) in BUDGET_US.items():
         print(f"budget: {name}: {lo:.0f}-{hi:.0f} us")
     out = Path(__file__).parent / "results" / "launch-model.json"

@@ -3,10 +3,14 @@
 
 #include "dcoco/api.h"
 
+#ifndef DCOCO_CUDA_WHY  // the cause CMake found, e.g. "nvcc was not found (...)"
+#define DCOCO_CUDA_WHY "no nvcc found or DCOCO_CUDA=OFF"
+#endif
+
 namespace dcoco::cuda {
 bool built() { return false; }
 std::string cutlass_version() { return ""; }
-std::pair<int, std::string> status() { return {0, "dcoco was built without CUDA (no nvcc found or DCOCO_CUDA=OFF)"}; }
+std::pair<int, std::string> status() { return {0, std::string("dcoco was built without CUDA: ") + DCOCO_CUDA_WHY}; }
 void select(const SelectParams&) { throw std::runtime_error("dcoco was built without CUDA"); }
 void correct(const CorrectParams&) { throw std::runtime_error("dcoco was built without CUDA"); }
 void cand_table(const CandTableParams&) { throw std::runtime_error("dcoco was built without CUDA"); }

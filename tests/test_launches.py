@@ -61,8 +61,8 @@ def test_the_vllm_hook_as_a_whole(corrector, point_mass):
     def run(R):
         logits = torch.empty(R * B, V, device="meta", dtype=torch.bfloat16)
         hidden = torch.empty(R * B, 1024, device="meta", dtype=torch.bfloat16)
-        correct = lambda h, i, lg: hook.tokens(m, embed, "greedy", h, i, lg)  # noqa: E731
-        return counted(hook.on_logits, correct, hidden, logits, B, K, point_mass)
+        correct = hook.rows(lambda h, i, lg: hook.tokens(m, embed, "greedy", h, i, lg), B)
+        return counted(hook.on_logits, correct, hidden, logits, K, point_mass)
 
     counts = {R: run(R).count for R in REQUESTS}
     assert len(set(counts.values())) == 1, counts

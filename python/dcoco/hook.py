@@ -36,11 +36,17 @@ def hand_back(logits: torch.Tensor, tokens: torch.Tensor, point_mass: bool) -> t
     return logits.scatter_(1, tokens[:, None], float("inf"))
 
 
-def on_logits(correct, hidden: torch.Tensor, logits: torch.Tensor, slots: int, k: int,
-              point_mass: bool) -> torch.Tensor:
-    """The whole hook on a compute_logits call: logits (R*N, V) of hidden (R*N, d), rows request-major, N = slots;
-    correct(hidden (R,N,d), ids (R,N,K), values (R,N,K)) -> tokens (R,N). Returns logits, rewritten in place."""
+def rows(correct, slots: int):
+    """correct over (R,N,...) blocks as the hook calls it, over rows request-major: hidden (R*N, d), ids and
+    values (R*N, K) -> tokens (R*N,), N = slots."""
+    def by_rows(hidden: torch.Tensor, ids: torch.Tensor, values: torch.Tensor) -> torch.Tensor:
+        R, K = hidden.shape[0] // slots, ids.shape[-1]
+        return correct(hidden.view(R, slots, -1), ids.view(R, slots, K), values.view(R, slots, K)).view(-1)
+    return by_rows
+
+
+def on_logits(correct, hidden: torch.Tensor, logits: torch.Tensor, k: int, point_mass: bool) -> torch.Tensor:
+    """The whole hook on a compute_logits call: logits (rows, V) of hidden (rows, d); correct(hidden, ids,
+    values) -> (rows,) tokens over the rows' top-K (see rows()). Returns logits, rewritten in place."""
     ids, values = candidates(logits, k)
-    R, K = logits.shape[0] // slots, ids.shape[-1]
-    chosen = correct(hidden.view(R, slots, -1), ids.view(R, slots, K), values.view(R, slots, K)).view(-1)
-    return hand_back(logits, chosen, point_mass)
+    return hand_back(logits, correct(hidden, ids, values), point_mass)

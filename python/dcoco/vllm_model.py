@@ -220,27 +220,24 @@ class DFlashDCOCOForCausalLM(DFlashQwen3ForCausalLM):
         return rows // N
 
     def correct(self, hidden: torch.Tensor, cand_ids: torch.Tensor, cand_logits: torch.Tensor) -> torch.Tensor:
-        """tokens (R,N) from hidden (R,N,d) and its top-K cand_ids / cand_logits (R,N,K) (rank 0 = argmax)."""
+        """(R*N,) corrected tokens from the (R*N, d) hidden rows and their (R*N, K) top-K (rank 0 = argmax)."""
         with torch.profiler.record_function(OP_NAME):  # the corrector's share of a draft step, in a profile
-            return self.corrector_op(hidden, cand_ids, cand_logits)
+            return hook.rows(self.corrector_op, self.num_slots)(hidden, cand_ids, cand_logits)
 
     def compute_logits(self, hidden_states: torch.Tensor) -> torch.Tensor | None:
         logits = super().compute_logits(hidden_states)
         if logits is None or self._slots(logits.shape[0]) is None:
             return logits
         with torch.profiler.record_function(HOOK):
-            return hook.on_logits(self.correct, hidden_states, logits, self.num_slots, self.corrector.num_candidates,
-                                  self.point_mass)
+            return hook.on_logits(self.correct, hidden_states, logits, self.corrector.num_candidates, self.point_mass)
 
     def get_top_tokens(self, hidden_states: torch.Tensor) -> torch.Tensor:
-        R = self._slots(hidden_states.shape[0])
-        if R is None:
+        if self._slots(hidden_states.shape[0]) is None:
             return super().get_top_tokens(hidden_states)
         with torch.profiler.record_function(HOOK):  # includes the LM head here: vLLM's reduction runs it
             ids, values = self._top_k(hidden_states, min(self.corrector.num_candidates,
                                                         self.model.embed_tokens.org_vocab_size))
-            N, K = self.num_slots, ids.shape[-1]
-            return self.correct(hidden_states.view(R, N, -1), ids.view(R, N, K), values.view(R, N, K)).view(-1)
+            return self.correct(hidden_states, ids, values)
 
     def _top_k(self, hidden: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
         """The (rows, k) global top-K ids and float32 logits, reduced across the LM head's vocab shards.

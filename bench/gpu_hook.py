@@ -1,0 +1,256 @@
+"""The plugin's whole draft-logits hook without vLLM (bench/gpu_check.sh): dcoco.hook.on_logits as the plugin runs
+it (top-K of bf16 logits, the greedy corrector over the prepared table, the hand-back), point_mass False and True,
+on both backends, eager and replayed from a CUDA graph; its drafts checked against the CPU core on the same inputs,
+and timed against plain DFlash's hand-back (argmax only, no corrector). Writes --out after every case, so a run cut
+off keeps what finished.
+
+  python bench/gpu_hook.py --out OUT/hook.json                       # the device: R 1,8,32, V=151936, d=4096
+  python bench/gpu_hook.py --device cpu --R 1 2 --V 1000 --d 64 ...  # the rehearsal: no graphs, no CUDA timers
+
+Each case: "topk_equal" (GPU and CPU top-K ids), "hand_back_ok" (+inf at the chosen token and nothing else changed,
+or the point mass), "graph_equal" (replay == eager), "agree_slots" / "agree_requests" (exact agreement with the
+CPU core), and for each disagreeing request whether the GPU's walk is still a greedy walk of the float64 reference
+scores within the tolerance tests/test_cuda.py uses ("invalid_walks" counts those that are not). Times are
+medians in us: "eager_us" (CUDA events around the eager call), "graph_us" (around a replay), "corrector_us" (the
+corrector alone, replayed), "baseline_us" (plain DFlash: argmax of the same logits, replayed), "ratio" =
+graph_us / baseline_us. The logits are restored before each call, outside the timed span: the hook rewrites them.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import time
+from pathlib import Path
+
+import torch
+
+import dcoco
+from dcoco import hook
+from dcoco import reference as ref
+
+N, K = 15, 16
+TOL = 1e-4  # bf16 inputs on the tensor-core paths (tests/test_cuda.py's tolerance)
+
+
+def random_corrector(d: int, seed: int) -> dcoco.Corrector:
+    """float32 like the plugin's, with the output layer active (zero at init), scaled as tests/conftest.py does."""
+    g = torch.Generator().manual_seed(seed)
+    m = dcoco.Corrector(d, num_candidates=K)
+    with torch.no_grad():
+        for name, p in m.named_parameters():
+            fan_in = p.shape[-1] if p.dim() == 2 else 1
+            std = 3.0 / m.mlp_hidden ** 0.5 if name == "mlp.2.weight" else 1.0 / fan_in ** 0.5
+            p.copy_(torch.randn(p.shape, generator=g) * std + (1.0 if name == "fuse_norm.weight" else 0.0))
+    return m.requires_grad_(False)
+
+
+def draft_logits(rows: int, V: int, g: torch.Generator, device) -> torch.Tensor:
+    """bf16 logits whose top K+4 per row are distinct exact bf16 values in [4, 8), gaps near the corrector's
+    corrections, over a background clamped at 3: top-K has one answer, so CPU and GPU must agree on it."""
+    x = torch.randn(rows, V, generator=g, device=device).clamp_(max=3.0)
+    top = K + 4
+    pos = torch.rand(rows, V, generator=g, device=device).topk(top, -1).indices
+    vals = 4.0 + torch.rand(rows, 128, generator=g, device=device).argsort(-1)[:, :top].float() / 32
+    return x.scatter_(1, pos, vals).bfloat16()
+
+
+class Timer:
+    """Median time of fn(), in us: CUDA events on a GPU, perf_counter on the CPU rehearsal. before() runs
+    untimed before each call (restores the logits)."""
+
+    def __init__(self, cuda: bool):
+        self.cuda = cuda
+
+    def __call__(self, fn, before, reps: int) -> float:
+        times = []
+        for _ in range(reps + 1):
+            before()
+            if self.cuda:
+                a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+                a.record()
+                fn()
+                b.record()
+                b.synchronize()
+                times.append(a.elapsed_time(b) * 1e3)
+            else:
+                t = time.perf_counter()
+                fn()
+                times.append((time.perf_counter() - t) * 1e6)
+        return statistics.median(times[1:])  # the first is a warmup
+
+
+def capture(fn):
+    """A CUDA graph of fn (warmed up on a side stream, as capture needs) and its static output."""
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):
+        for _ in range(2):
+            fn()
+    torch.cuda.current_stream().wait_stream(s)
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        out = fn()
+    return g, out
+
+
+def cpu_reference(m_cpu: dcoco.Corrector, embed, hidden, logits, R: int) -> dict:
+    """The whole hook on the CPU (fused CPU core, prepared table) on the same inputs. The table and the
+    reference scores use only the candidates' embedding rows (ids remapped): the same rows, a fraction of V."""
+    h, lg = hidden.cpu(), logits.cpu()
+    ids, values = hook.candidates(lg, K)
+    uniq, inv = ids.unique(return_inverse=True)
+    e = embed[uniq.to(embed.device)].cpu()
+    with dcoco.use_backend("fused"):
+        m_cpu.prepare_inference(e)
+        out = hook.on_logits(hook.rows(lambda hh, ii, vv: uniq[m_cpu(hh, inv.view(ii.shape), vv, e)[1]], N), h,
+                             lg.clone(), K, False)
+    return {"tokens": out.argmax(-1).view(R, N), "ids": ids.view(R, N, K), "values": values.view(R, N, K),
+            "inv": inv.view(R, N, K), "embed": e, "hidden": h.view(R, N, -1)}
+
+
+def walk_check(m_cpu, cpu: dict, ids_gpu: torch.Tensor, tokens_gpu: torch.Tensor) -> dict:
+    """Exact agreement with the CPU core; each disagreeing request's GPU walk checked as a greedy walk of the
+    float64 reference scores (slot 1 the argmax, every later step within atol of its row's maximum)."""
+    tokens_cpu = cpu["tokens"]
+    same = tokens_gpu == tokens_cpu
+    bad = (~same.all(-1)).nonzero().flatten().tolist()
+    res = {"agree_slots": same.float().mean().item(), "agree_requests": same.all(-1).float().mean().item(),
+           "disagreeing": len(bad), "invalid_walks": 0, "max_shortfall": 0.0}
+    if not bad:
+        return res
+    ranks = (ids_gpu[bad] == tokens_gpu[bad][..., None]).int().argmax(-1)  # ids unique per slot
+    in_ids = (ids_gpu[bad] == tokens_gpu[bad][..., None]).any(-1).all(-1)
+    s64 = ref.score(cpu["hidden"][bad].double(), cpu["inv"][bad], cpu["values"][bad].double(), cpu["embed"].double(),
+                    *(w.double() for w in m_cpu.weights()))
+    atol = 10 * TOL * (s64.abs().max().item() + 1.0)
+    for j in range(len(bad)):
+        ok = bool(in_ids[j]) and int(ranks[j, 0]) == int(cpu["values"][bad[j], 0].argmax())
+        for p in range(N - 1):
+            row = s64[j, p, ranks[j, p]]
+            short = (row.max() - row[ranks[j, p + 1]]).item()
+            res["max_shortfall"] = max(res["max_shortfall"], short)
+            ok = ok and short <= atol
+        res["invalid_walks"] += not ok
+    res["atol"] = atol
+    return res
+
+
+def self_check(m_cpu, cpu: dict) -> bool:
+    """walk_check flags a walk that is not greedy: the CPU's own tokens with request 0's last step moved to the
+    candidate the reference scores lowest (run in the rehearsal, where every case agrees)."""
+    s64 = ref.score(cpu["hidden"][:1].double(), cpu["inv"][:1], cpu["values"][:1].double(), cpu["embed"].double(),
+                    *(w.double() for w in m_cpu.weights()))
+    prev = int((cpu["ids"][0, N - 2] == cpu["tokens"][0, N - 2]).int().argmax())
+    tampered = cpu["tokens"].clone()
+    tampered[0, N - 1] = cpu["ids"][0, N - 1, int(s64[0, N - 2, prev].argmin())]
+    res = walk_check(m_cpu, cpu, cpu["ids"], tampered)
+    return res["disagreeing"] == 1 and res["invalid_walks"] == 1 and walk_check(m_cpu, cpu, cpu["ids"],
+                                                                                  cpu["tokens"])["disagreeing"] == 0
+
+
+def hand_back_ok(before: torch.Tensor, after: torch.Tensor, tokens: torch.Tensor, point_mass: bool) -> bool:
+    rows = torch.arange(after.shape[0], device=after.device)
+    if point_mass:
+        return bool((after[rows, tokens] == 0).all() and (torch.isneginf(after).sum(-1) == after.shape[1] - 1).all())
+    changed = after != before
+    return bool(torch.isposinf(after[rows, tokens]).all() and (changed.sum(-1) == 1).all()
+                and changed[rows, tokens].all())
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--device", default="cuda")
+    ap.add_argument("--R", type=int, nargs="+", default=[1, 8, 32])
+    ap.add_argument("--V", type=int, default=151936)
+    ap.add_argument("--d", type=int, default=4096)
+    ap.add_argument("--reps", type=int, default=50, help="graph replays timed (eager: a fifth of it, at least 3)")
+    ap.add_argument("--out", default="hook.json")
+    ap.add_argument("--self-check", action="store_true", help="also check that a tampered walk is flagged")
+    args = ap.parse_args()
+    dev = torch.device(args.device)
+    cuda = dev.type == "cuda"
+    torch.manual_seed(0)
+    m_cpu = random_corrector(args.d, seed=0)
+    m = random_corrector(args.d, seed=0).to(dev)
+    g = torch.Generator(device=dev).manual_seed(1)
+    embed = torch.randn(args.V, args.d, generator=g, device=dev).bfloat16()
+    timer = Timer(cuda)
+    info = {"device": torch.cuda.get_device_name() if cuda else "cpu", "torch": torch.__version__,
+            "dcoco": dcoco.build_info()["version"], "N": N, "K": K, "V": args.V, "d": args.d, "reps": args.reps,
+            "graphs": cuda, "note": None if cuda else "CPU rehearsal: CUDA graphs and CUDA-event timings skipped, "
+            "eager timed with perf_counter", "baseline": {}, "cases": []}
+    out = Path(args.out)
+    save = lambda: out.write_text(json.dumps(info, indent=1))  # noqa: E731
+    inputs = {}
+    for R in args.R:
+        hidden = torch.randn(R * N, args.d, generator=g, device=dev).bfloat16()
+        logits = draft_logits(R * N, args.V, g, dev)
+        work = torch.empty_like(logits)
+        restore = lambda: work.copy_(logits)  # noqa: E731
+        base = {"eager_us": timer(lambda: work.argmax(-1), restore, max(3, args.reps // 5))}
+        if cuda:
+            restore()
+            graph, _ = capture(lambda: work.argmax(-1))
+            base["graph_us"] = timer(graph.replay, restore, args.reps)
+            del graph
+        info["baseline"][str(R)] = base
+        inputs[R] = (hidden, logits, work, cpu_reference(m_cpu, embed, hidden, logits, R))
+        if args.self_check:
+            info.setdefault("self_check", {})[str(R)] = self_check(m_cpu, inputs[R][3])
+        save()
+    for backend in ("fused", "native"):
+        with dcoco.use_backend(backend):
+            m.prepare_inference(embed)
+            correct = hook.rows(lambda h, i, v: hook.tokens(m, embed, "greedy", h, i, v), N)  # the plugin's call
+            for R in args.R:
+                hidden, logits, work, cpu = inputs[R]
+                ids, values = hook.candidates(logits, K)
+                for point_mass in (False, True):
+                    case = {"backend": backend, "R": R, "point_mass": point_mass, "error": None}
+                    info["cases"].append(case)
+                    step = lambda: hook.on_logits(correct, hidden, work, K, point_mass).argmax(-1)  # noqa: E731
+                    restore = lambda: work.copy_(logits)  # noqa: E731
+                    try:
+                        restore()
+                        tokens = step()
+                        case["hand_back_ok"] = hand_back_ok(logits, work, tokens, point_mass)
+                        case["topk_equal"] = torch.equal(ids.view(R, N, K).cpu(), cpu["ids"])
+                        case.update(walk_check(m_cpu, cpu, ids.view(R, N, K).cpu(), tokens.view(R, N).cpu()))
+                        case["eager_us"] = timer(step, restore, max(3, args.reps // 5))
+                        if cuda:
+                            restore()
+                            graph, replayed = capture(step)
+                            restore()
+                            graph.replay()
+                            case["graph_equal"] = torch.equal(replayed, tokens)
+                            case["graph_us"] = timer(graph.replay, restore, args.reps)
+                            alone, _ = capture(lambda: correct(hidden.view(R, N, -1), ids.view(R, N, K),
+                                                               values.view(R, N, K)))
+                            case["corrector_us"] = timer(alone.replay, lambda: None, args.reps)
+                            case["ratio"] = case["graph_us"] / info["baseline"][str(R)]["graph_us"]
+                            del graph, alone
+                        case["ok"] = bool(case["hand_back_ok"] and case["topk_equal"] and case["invalid_walks"] == 0
+                                          and case.get("graph_equal", True))
+                    except Exception as e:  # noqa: BLE001  recorded: the other cases still run
+                        case.update(ok=False, error=f"{type(e).__name__}: {e}"[:500])
+                    print(json.dumps(case), flush=True)
+                    save()
+    info["passed"] = {b: bool(rows) and all(c["ok"] for c in rows)
+                      for b in ("fused", "native") for rows in [[c for c in info["cases"] if c["backend"] == b]]}
+    save()
+    print("\n| backend | R | point mass | agree | invalid walks | eager us | graph us | corrector us | DFlash us "
+          "| ratio |")
+    print("|---|---|---|---|---|---|---|---|---|---|")
+    for c in info["cases"]:
+        f = lambda k: f"{c[k]:.1f}" if isinstance(c.get(k), float) else "-"  # noqa: E731
+        b = info["baseline"][str(c["R"])]
+        print(f"| {c['backend']} | {c['R']} | {c['point_mass']} | {f('agree_slots')} | {c.get('invalid_walks', '-')} "
+              f"| {f('eager_us')} | {f('graph_us')} | {f('corrector_us')} | "
+              f"{b.get('graph_us', b['eager_us']):.1f} | {f('ratio')} |" + (f" {c['error']}" if c["error"] else ""))
+    print("passed:", json.dumps(info["passed"]))
+
+
+if __name__ == "__main__":
+    main()
