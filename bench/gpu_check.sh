@@ -71,10 +71,10 @@ fi
 
 # wheel
 s=$SECONDS
-timeout "$(tmo wheel)" python3 -m pip install -q --no-index --no-deps --target /tmp/site .whl/nvidia_cutlass-*.whl
+timeout "$(tmo wheel)" python3 -m pip install -q --no-index --no-deps --target "$W/site" .whl/nvidia_cutlass-*.whl
 rc=$?; ended wheel $rc $s
 [ $rc = 0 ] || { report; exit 1; }
-export PYTHONPATH=/tmp/site
+export PYTHONPATH="$W/site"
 
 # build: the arch from nvidia-smi (importing torch would cost seconds here); split-compile spreads the one big
 # translation unit over the cores, and the build tree stays out of the repo's build/
@@ -88,10 +88,10 @@ log "building for $arch on $(nproc) cores"
 s=$SECONDS
 CUDAFLAGS="--split-compile=0 --threads 0" CMAKE_BUILD_PARALLEL_LEVEL=$(nproc) DCOCO_CUDA=$cuda DCOCO_CUDA_ARCHS="$arch" \
   timeout "$(tmo build)" python3 -m pip install -q --no-build-isolation --no-deps --config-settings=build-dir="$W/build" \
-  --target /tmp/dcoco . >"$OUT/build.log" 2>&1
+  --target "$W/dcoco" . >"$OUT/build.log" 2>&1
 rc=$?; ended build $rc $s
 [ $rc = 0 ] || { tail -30 "$OUT/build.log"; report; exit 1; }
-export PYTHONPATH=/tmp/dcoco:/tmp/site
+export PYTHONPATH="$W/dcoco:$W/site"
 
 # env
 s=$SECONDS
