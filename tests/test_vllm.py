@@ -31,10 +31,10 @@ V, N = 512, 3  # vocabulary; drafted slots (block 4)
 PROMPTS = [[5, 17, 99, 3, 250, 41], [300, 2, 2, 77, 8, 120, 64, 9, 11]]
 
 
-def _target(path):
+def _target(path, seed: int = 0):
     from transformers import Qwen3Config, Qwen3ForCausalLM
 
-    torch.manual_seed(0)
+    torch.manual_seed(seed)
     cfg = Qwen3Config(vocab_size=V, hidden_size=128, intermediate_size=256, num_hidden_layers=4,
                       num_attention_heads=4, num_key_value_heads=2, head_dim=32, max_position_embeddings=512,
                       tie_word_embeddings=True, bos_token_id=None, eos_token_id=None, pad_token_id=None,
@@ -84,12 +84,14 @@ def _llm(root, drafter=None, n=N, seqs=4, compilation=None, **spec):
 
 
 def _generate(llm, temperature=0.0, tokens=24, prompts=PROMPTS, seeds=None):
+    """Each prompt's output tokens; tokens: the length of every output, or one per prompt."""
     from vllm import SamplingParams
     from vllm.inputs import TokensPrompt
 
     seeds = seeds or [3] * len(prompts)
-    sp = [SamplingParams(temperature=temperature, max_tokens=tokens, ignore_eos=True, seed=s, detokenize=False)
-          for s in seeds]
+    lengths = tokens if isinstance(tokens, list) else [tokens] * len(prompts)
+    sp = [SamplingParams(temperature=temperature, max_tokens=n, ignore_eos=True, seed=s, detokenize=False)
+          for s, n in zip(seeds, lengths)]
     return [list(o.outputs[0].token_ids)
             for o in llm.generate([TokensPrompt(prompt_token_ids=p) for p in prompts], sp, use_tqdm=False)]
 
@@ -176,19 +178,11 @@ def test_dcoco_greedy_is_lossless_and_counted(plain_greedy, served):
 def test_hook_equals_corrector_forward_inside_a_served_request(models, served):
     """The drafts vLLM made are Corrector.forward of the same (hidden, top-K) inputs, with the checkpoint's
     corrector and the target's embedding."""
-    from safetensors.torch import load_file
-
-    _, corrector = checkpoint.load(models / "dcoco")
-    embed = load_file(str(models / "target" / "model.safetensors"))["model.embed_tokens.weight"]
-    corrector.prepare_inference(embed)  # as the served corrector
-    changed = 0
-    for hidden, ids, logits, tokens in served["log"]["drafts"]:
-        R = hidden.shape[0] // N
+    drafts = served["log"]["drafts"]
+    assert all(slots == N for *_, slots in drafts)
+    for _, ids, logits, _, _ in drafts:
         assert torch.equal(logits, logits.sort(-1, descending=True).values)  # top-K, rank 0 = the argmax
-        want = corrector(hidden.view(R, N, -1), ids.view(R, N, -1), logits.view(R, N, -1), embed)[1]
-        assert torch.equal(tokens, want.view(-1))
-        changed += int((tokens != ids[:, 0]).sum())
-    assert changed > 0  # the corrector re-selected some slots
+    assert _drafts_are_the_corrector(models, drafts) > 0  # the corrector re-selected some slots
 
 
 def test_logits_carry_the_choice_without_new_writes(served):
@@ -227,11 +221,68 @@ def test_local_argmax_reduction_corrects_through_the_native_op(models, served, p
     assert log["entries"] == ["get_top_tokens"]
     c = _spec_counters(llm)
     assert _accepted(c) == _accepted(served["counters"])  # the same drafts as the compute_logits path
-    got = [t for *_, t in log["drafts"]]
-    want = [t for *_, t in served["log"]["drafts"]]
+    got = [t for *_, t, _ in log["drafts"]]
+    want = [t for *_, t, _ in served["log"]["drafts"]]
     assert len(got) == len(want) and all(torch.equal(a, b) for a, b in zip(got, want))
-    assert any(bool((t != ids[:, 0]).any()) for _, ids, _, t in log["drafts"])  # not the stock argmax
+    assert any(bool((t != ids[:, 0]).any()) for _, ids, _, t, _ in log["drafts"])  # not the stock argmax
     _close(llm)
+
+
+def _drafts_are_the_corrector(models, drafts, embed=None) -> int:
+    """Each recorded draft is Corrector.forward of its (hidden, top-K) inputs at its own slot count, with the
+    checkpoint's corrector and the target's embedding (or embed). Returns how many slots it re-selected."""
+    from safetensors.torch import load_file
+
+    _, corrector = checkpoint.load(models / "dcoco")
+    if embed is None:
+        embed = load_file(str(models / "target" / "model.safetensors"))["model.embed_tokens.weight"]
+    corrector.prepare_inference(embed)  # as the served corrector
+    changed = 0
+    for hidden, ids, logits, tokens, slots in drafts:
+        R = hidden.shape[0] // slots
+        assert R * slots == hidden.shape[0]
+        want = corrector(hidden.view(R, slots, -1), ids.view(R, slots, -1), logits.view(R, slots, -1), embed)[1]
+        assert torch.equal(tokens, want.view(-1))
+        changed += int((tokens != ids[:, 0]).sum())
+    return changed
+
+
+def test_dynamic_speculation_corrects_each_block_at_its_own_length(models, plain_greedy):
+    """num_speculative_tokens_per_batch_size: vLLM drafts 3 slots while one request runs and 2 while two do. The
+    outputs end at different lengths, so both counts occur in one run: every block is corrected at its own length
+    (never a reshape across requests), and greedy output stays target-only decoding's."""
+    llm = _llm(models, "dcoco", num_speculative_tokens_per_batch_size=[[1, 1, 3], [2, 4, 2]])
+    llm.collective_rpc(probes.record)
+    lengths = [24, 8]
+    assert _generate(llm, tokens=lengths) == [t[:n] for t, n in zip(plain_greedy, lengths)]
+    drafts = _rpc(llm, probes.recorded)["drafts"]
+    _close(llm)
+    shapes = {(d[0].shape[0] // d[4], d[4]) for d in drafts}  # (requests, slots) of each corrected draft call
+    assert shapes == {(2, 2), (1, 3)}, shapes
+    assert _drafts_are_the_corrector(models, drafts) > 0
+
+
+def test_a_weight_reload_rebuilds_the_table_in_place(models, tmp_path):
+    """vLLM's in-place reload (here: the target's weights from another checkpoint) changes the embedding shared
+    into the drafter; the corrector's table is rebuilt in the same memory (where a captured graph reads it), and
+    the drafts that follow use the new embedding."""
+    from safetensors.torch import load_file
+
+    _target(tmp_path / "other", seed=5)
+    llm = _llm(models, "dcoco")
+    before = _rpc(llm, probes.table)
+    assert before["current"]
+    llm.collective_rpc("reload_weights", kwargs={"weights_path": str(tmp_path / "other")})
+    after = _rpc(llm, probes.table)
+    assert after["current"] and after["sum"] != before["sum"]
+    assert (after["ptr"], after["embed_ptr"]) == (before["ptr"], before["embed_ptr"])  # refilled in place
+    llm.collective_rpc(probes.record)
+    _generate(llm)
+    drafts = _rpc(llm, probes.recorded)["drafts"]
+    _close(llm)
+    embed = load_file(str(tmp_path / "other" / "model.safetensors"))["model.embed_tokens.weight"]
+    assert drafts
+    _drafts_are_the_corrector(models, drafts, embed)
 
 
 def _chi_square_p(a: list[int], b: list[int]) -> float:

@@ -43,7 +43,7 @@ def _serve(root, tp: int, **spec) -> dict:
         tokens = _generate(llm)
         logs = llm.collective_rpc(probes.recorded)
         return {"states": states, "tokens": tokens, "counters": _spec_counters(llm),
-                "drafts": [[t for *_, t in log["drafts"]] for log in logs], "entries": [log["entries"] for log in logs]}
+                "drafts": [[t for *_, t, _ in log["drafts"]] for log in logs], "entries": [log["entries"] for log in logs]}
     finally:
         _close(llm)
 

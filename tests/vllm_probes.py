@@ -9,14 +9,15 @@ def _drafter(worker):
 
 
 def record(worker) -> None:
-    """From now on, keep every corrected draft: the hook's inputs and tokens, and which vLLM call made it."""
+    """From now on, keep every corrected draft: the hook's inputs, tokens and slots per request, and which vLLM
+    call made it."""
     m = _drafter(worker)
     m.probe_log, m.probe_entry = [], []
     correct = type(m).correct
 
-    def recording(hidden, cand_ids, cand_logits):
-        tokens = correct(m, hidden, cand_ids, cand_logits)
-        m.probe_log.append((hidden.clone(), cand_ids.clone(), cand_logits.clone(), tokens.clone()))
+    def recording(hidden, cand_ids, cand_logits, slots):
+        tokens = correct(m, hidden, cand_ids, cand_logits, slots)
+        m.probe_log.append((hidden.clone(), cand_ids.clone(), cand_logits.clone(), tokens.clone(), slots))
         return tokens
     m.correct = recording
     for name in ("compute_logits", "get_top_tokens"):
@@ -48,6 +49,18 @@ def state(worker) -> dict:
     return {"name": type(m).__name__, "corrector": True, "prepared": m.corrector.prepared,
             "embed_rows": None if op.embed is None else op.embed.shape[0], "method": op._forward_method.__name__,
             "point_mass": m.point_mass, "weight": float(m.corrector.mlp[2].weight.abs().sum())}
+
+
+def table(worker) -> dict:
+    """Where the corrector's vocabulary table lives, what it holds, and whether it is the table of the drafter's
+    current embedding."""
+    m = _drafter(worker)
+    from dcoco import native
+
+    t = m.corrector._prepared[1]
+    want = native.cand_table(m.corrector_op.embed, m.corrector.cand_proj.weight, m.corrector.fuse_proj.weight)
+    return {"ptr": t.data_ptr(), "sum": float(t.double().sum()), "current": bool(torch.allclose(t, want, atol=1e-5)),
+            "embed_ptr": m.corrector_op.embed.data_ptr()}
 
 
 def logits_check(worker, rows: int, seed: int = 0) -> dict:

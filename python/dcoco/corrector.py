@@ -103,6 +103,12 @@ class Corrector(nn.Module):
         args = (embed, self.cand_proj.weight, self.fuse_proj.weight)
         table = native.cand_table(*args) if backend.native(embed.device) else torch.ops.dcoco.cand_table(*args)
         weights = tuple(w.detach().to(torch.float32).contiguous() for w in self.weights())
+        if self._prepared is not None and _same_layout((table, *weights), self._prepared[1:2] + self._prepared[2]):
+            # prepared before: refill the same tensors, which a captured CUDA graph keeps reading
+            old_table, old_weights = self._prepared[1:]
+            for old, new in zip((old_table, *old_weights), (table, *weights)):
+                old.copy_(new)
+            table, weights = old_table, old_weights
         self._prepared = (self._key(embed), table, weights)
         return table
 
@@ -126,3 +132,8 @@ class Corrector(nn.Module):
                           "prepare_inference); computing from the embedding table instead", stacklevel=3)
             self._prepared = None
         return self._prepared
+
+
+def _same_layout(new: tuple, old: tuple) -> bool:
+    return len(new) == len(old) and all(a.shape == b.shape and a.dtype == b.dtype and a.device == b.device
+                                        for a, b in zip(new, old))

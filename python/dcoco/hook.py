@@ -23,9 +23,19 @@ def tokens(corrector: Corrector, embed: torch.Tensor, selection: str, hidden: to
 
 
 def candidates(logits: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """The (rows, k) top-K ids (rank 0 = argmax) and their logits as float32, from logits in their own dtype."""
+    """The (rows, k) top-K ids and their logits as float32, from logits in their own dtype. Rank 0 is the drafter's
+    own pick, `logits.argmax(-1)` (the first of tied maxima), so a corrector that keeps rank 0 drafts exactly what
+    DFlash drafts: topk promises no order among ties, and bf16 logits tie often. Exact whenever at most k entries
+    tie at the maximum (topk then holds them all); with more, rank 0 is one of them, as topk picks."""
     top = logits.topk(min(k, logits.shape[-1]), dim=-1)
-    return top.indices, top.values.float()
+    ids, values = top.indices, top.values
+    # the lowest id tied with the maximum goes to rank 0 and rank 0's id to its place; the values stay (they tie).
+    # Over the (rows, k) top-K only: an argmax over the logits would read them all again
+    tied = values == values[:, :1]
+    first = torch.where(tied, ids, logits.shape[-1]).amin(-1, keepdim=True)
+    ids = torch.where(ids == first, ids[:, :1], ids)
+    ids[:, :1] = first
+    return ids, values.float()
 
 
 def hand_back(logits: torch.Tensor, tokens: torch.Tensor, point_mass: bool) -> torch.Tensor:

