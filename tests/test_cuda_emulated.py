@@ -44,7 +44,7 @@ def cutlass_include() -> str:
 
 def build(tmp_path_factory, name: str, mma: bool = False) -> Path:
     """The emulated runner `name` (with the tensor-core instructions emulated when mma); DCOCO_EMU_FLAGS replaces
-    -O2 (scripts/cuda_coverage.sh builds with -O1 --coverage into DCOCO_EMU_DIR)."""
+    -O2 (scripts/cuda_coverage.sh builds with -O1 --coverage -fprofile-update=single into DCOCO_EMU_DIR)."""
     cxx = shutil.which("g++")
     if cxx is None:
         pytest.skip("needs g++ to build the emulated kernels")

@@ -187,8 +187,8 @@ def _chi2_p(counts: torch.Tensor, expected: torch.Tensor) -> float:
     return float(stats.chisquare(obs[keep], exp[keep] * obs.sum() / exp[keep].sum()).pvalue)
 
 
-@pytest.mark.parametrize("with_corrector", [False, True])
-def test_sampling_lossless(with_corrector):
+@pytest.mark.parametrize("with_corrector, method", [(False, "greedy"), (True, "greedy"), (True, "probabilistic")])
+def test_sampling_lossless(with_corrector, method):
     V, prompt, kw, n = 12, [1, 5, 3], dict(temperature=0.9, top_p=0.95, top_k=0), 1500
     model = llama(V, 3)
     with torch.no_grad():  # round 1 drafts the target's mode, or its second choice after odd anchors
@@ -201,12 +201,34 @@ def test_sampling_lossless(with_corrector):
         return (first + [0] * BS)[:BS - 1]
 
     drafter = Scripted(model.get_output_embeddings().weight.detach(), script)
-    eng = Engine(model, drafter, corrector(4) if with_corrector else None, num_candidates=4, eos_token_id=None)
+    eng = Engine(model, drafter, corrector(4) if with_corrector else None, num_candidates=4, eos_token_id=None,
+                 draft_sample_method=method)
     gen = torch.Generator().manual_seed(0)
     samples = torch.tensor([eng.generate(prompt, 4, generator=gen, **kw).tokens for _ in range(n)])
     for s, q in enumerate(_exact_marginals(model, prompt, 4, **kw)):
         p = _chi2_p(torch.bincount(samples[:, s], minlength=V), q * n)
         assert p > 0.01, (s, p)
+
+
+@pytest.mark.parametrize("with_corrector", [False, True])
+def test_sampled_walk_proposal(target, with_corrector):
+    """The probabilistic draft: each slot's proposal is a distribution over its K candidates only, the drawn token
+    one of them with q > 0; at a temperature near 0 the walk is the greedy one (argmax, or the corrector's)."""
+    drafter = DFlashDrafter(dflash_cfg(64)).eval()
+    eng = Engine(target, drafter, corrector(1) if with_corrector else None, num_candidates=8, eos_token_id=None,
+                 draft_sample_method="probabilistic")
+    drafted, ids, vals, hc = eng._draft(7, drafter.target_features(target(torch.tensor([[3, 9, 7]]),
+                                                                          output_hidden_states=True).hidden_states))
+    n = BS - 1
+    gen = torch.Generator().manual_seed(0)
+    for _ in range(5):
+        drafts, q = eng.sample_walk(ids, vals, hc, n, 1.0, gen)
+        torch.testing.assert_close(q.sum(-1), torch.ones(n))
+        for j, y in enumerate(drafts):
+            assert set(q[j].nonzero()[:, 0].tolist()) <= set(ids[j, :8].tolist()) and q[j, y] > 0
+    assert eng.sample_walk(ids, vals, hc, n, 1e-6, gen)[0] == drafted[:n].tolist()
+    with pytest.raises(ValueError, match="draft_sample_method"):
+        Engine(target, drafter, draft_sample_method="beam")
 
 
 @pytest.mark.parametrize("kw, name", [

@@ -200,6 +200,15 @@ def test_logits_carry_the_choice_without_new_writes(served):
     assert native["argmax"] == out["argmax"]
 
 
+def test_padded_rows_leave_the_real_drafts_alone(served):
+    """V2 drafts inside a CUDA graph over a padded request count, the padding rows copies of row 0: each request is
+    corrected on its own, so the real requests' drafts are those of the unpadded call, through both calls."""
+    out = _rpc(served["llm"], probes.padded_check, 3, 8)
+    assert out["padded_logits_argmax"] == out["logits_argmax"]
+    assert out["padded_top_tokens"] == out["top_tokens"] == out["logits_argmax"]
+    assert out["dtype"] == "torch.bfloat16"  # the head's dtype, written in place
+
+
 def test_greedy_drafts_keep_the_target_distribution(served, plain):
     """Temperature 1 with greedy drafts (vLLM's default): the +inf-marked choice is a point mass to the rejection
     sampler, so the committed tokens are distributed as target-only sampling (chi-square, p > 0.01)."""

@@ -39,7 +39,10 @@ def demo_drafter(sizes=("full", "default")) -> Path:
     return SHIPPED
 
 
-GAP = 0.03  # largest per-position acceptance difference allowed between vLLM (bf16) and dcoco.spec (fp32)
+GAP = 0.03  # largest per-position acceptance difference allowed between vLLM and dcoco.spec
+# float32 serving: CI's CPUs (AVX2, no bf16 instructions) emulate bf16 GEMMs, 4.4x slower here (the same 16 x 32
+# greedy tokens: 123 s against 27.7 s). vLLM's bf16 head path is tested on the tiny target (test_vllm.py).
+DTYPE = "float32"
 
 
 @pytest.fixture(scope="module")
@@ -64,7 +67,7 @@ def _run(s, drafter: Path, **spec):
     from vllm import SamplingParams
     from vllm.inputs import TokensPrompt
 
-    llm = vllm.LLM(model=str(s["target"]), dtype="bfloat16", max_model_len=1024, max_num_seqs=8, enforce_eager=True,
+    llm = vllm.LLM(model=str(s["target"]), dtype=DTYPE, max_model_len=1024, max_num_seqs=8, enforce_eager=True,
                    disable_log_stats=False, seed=0, speculative_config={
                        "method": "dflash", "model": str(drafter), "num_speculative_tokens": s["n"], **spec})
     outs = llm.generate([TokensPrompt(prompt_token_ids=p) for p in s["prompts"]],
@@ -99,19 +102,22 @@ def test_corrector_lengthens_accepted_prefixes(setup, served):
     assert on["vllm:spec_decode_num_accepted_tokens"] > 0 and off["vllm:spec_decode_num_accepted_tokens"] > 0
     assert _mal(on) > _mal(off)
     same = sum(a == b for a, b in zip(tokens_on, tokens_off))
-    assert same >= len(tokens_on) - 1  # greedy: identical text (bf16 near-ties may flip one prompt)
+    assert same >= len(tokens_on) - 1  # greedy: identical text (near-ties may flip one prompt)
 
 
 def test_vllm_acceptance_equals_offline_spec(setup, served):
     """Train/serve agreement: for the same drafter, prompts and greedy decoding, vLLM's per-position acceptance
-    equals dcoco.spec's offline figures (the engine the demo and `dcoco eval` report), up to numerics: vLLM serves
-    bfloat16, dcoco.spec runs float32, so near-tied argmaxes can flip a round."""
+    equals dcoco.spec's offline figures (the engine the demo and `dcoco eval` report), up to numerics (vLLM's CPU
+    kernels against transformers'; the shipped drafter's bf16 weights run in float32 in both). The offline side
+    is dcoco.simulate, which equals Engine.generate round for round (tests/test_simulate.py) at a fraction of its
+    time, over the greedy continuations vLLM served (lossless: the target's own)."""
+    from dcoco.simulate import simulate
     from dcoco.spec import Engine, summarize
 
     tok, model = smollm2.load()
     drafter, corrector = checkpoint.load(setup["dcoco"])
     engine = Engine(model, drafter.float(), corrector.float(), num_candidates=corrector.num_candidates)
-    offline = summarize([engine.generate(p, 64) for p in setup["prompts"]])
+    offline = summarize([simulate(engine, p, ref, 64) for p, ref in zip(setup["prompts"], served["dcoco"][0])])
     served_rate, offline_rate = _per_pos(served["dcoco"][1]), offline["accept_rate"][:setup["n"]]
     gap = max(abs(a - b) for a, b in zip(served_rate, offline_rate))
     print(f"\nper-position acceptance: vLLM {[round(x, 4) for x in served_rate]}, dcoco.spec "
@@ -129,7 +135,7 @@ def _post(url: str, body: dict, timeout: float = 600) -> dict:
 
 def test_vllm_serve_under_32_concurrent_requests(setup, tmp_path):
     with VLLMServer(setup["target"], setup["dcoco"], setup["n"], log=tmp_path / "serve.log", name="smollm2",
-                    max_num_seqs=32, timeout=300) as server:
+                    max_num_seqs=32, timeout=300, dtype=DTYPE) as server:
         questions = [f"What is {a} plus {a + 7}? Answer briefly." for a in range(32)]
 
         def ask(q):

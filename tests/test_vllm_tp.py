@@ -42,7 +42,10 @@ def _serve(root, tp: int, **spec) -> dict:
         llm.collective_rpc(probes.record)
         tokens = _generate(llm)
         logs = llm.collective_rpc(probes.recorded)
-        return {"states": states, "tokens": tokens, "counters": _spec_counters(llm),
+        memory = llm.collective_rpc(probes.memory)
+        gathered = llm.collective_rpc(probes.gather_check, args=(37,)) if tp > 1 else None
+        return {"states": states, "tokens": tokens, "counters": _spec_counters(llm), "memory": memory,
+                "gathered_in_chunks": gathered,
                 "drafts": [[t for *_, t, _ in log["drafts"]] for log in logs], "entries": [log["entries"] for log in logs]}
     finally:
         _close(llm)
@@ -68,3 +71,9 @@ def test_two_ranks_draft_what_one_rank_drafts(models, one_rank, local_argmax):
     assert two["tokens"] == one_rank["tokens"]
     assert _same_drafts(two["drafts"][0], one_rank["drafts"][0])  # and draft exactly what one rank drafts
     assert two["counters"] == one_rank["counters"]
+    assert two["gathered_in_chunks"] == [True, True]  # 37-row chunks of the 256-row shards: the same table
+    # what the corrector keeps per rank: on one rank a view of the shared embedding, on two each rank's gathered
+    # (V, d) copy (bf16), and the (V, r) float32 vocabulary table everywhere
+    one, (a, b) = one_rank["memory"][0], two["memory"]
+    assert a == b and one["embed"] == 0 and a["embed"] == V * a["hidden"] * 2
+    assert one["table"] == a["table"] == V * a["width"] * 4

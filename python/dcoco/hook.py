@@ -23,19 +23,25 @@ def tokens(corrector: Corrector, embed: torch.Tensor, selection: str, hidden: to
 
 
 def candidates(logits: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """The (rows, k) top-K ids and their logits as float32, from logits in their own dtype. Rank 0 is the drafter's
-    own pick, `logits.argmax(-1)` (the first of tied maxima), so a corrector that keeps rank 0 drafts exactly what
-    DFlash drafts: topk promises no order among ties, and bf16 logits tie often. Exact whenever at most k entries
-    tie at the maximum (topk then holds them all); with more, rank 0 is one of them, as topk picks."""
+    """The (rows, k) top-K ids and their logits as float32, from logits in their own dtype, rank 0 being the
+    drafter's own pick, `logits.argmax(-1)` (see argmax_first)."""
     top = logits.topk(min(k, logits.shape[-1]), dim=-1)
-    ids, values = top.indices, top.values
-    # the lowest id tied with the maximum goes to rank 0 and rank 0's id to its place; the values stay (they tie).
-    # Over the (rows, k) top-K only: an argmax over the logits would read them all again
+    values = top.values.float()
+    return argmax_first(top.indices, values), values
+
+
+def argmax_first(ids: torch.Tensor, values: torch.Tensor) -> torch.Tensor:
+    """ids (rows, k) of a top-K sorted by value, with rank 0 the lowest id among those tied at the maximum (what an
+    argmax over the vocabulary picks, and vLLM's argmax reduction over vocab shards), so a corrector that keeps
+    rank 0 drafts exactly what DFlash drafts: topk promises no order among ties, and bf16 logits tie often. Exact
+    whenever at most k entries tie at the maximum (the top-K then holds them all); with more, rank 0 is one of
+    them. The values stay as they are (tied); the lowest id swaps places with rank 0's. Over the (rows, k) lists
+    only: an argmax over the logits would read them all again."""
     tied = values == values[:, :1]
-    first = torch.where(tied, ids, logits.shape[-1]).amin(-1, keepdim=True)
+    first = torch.where(tied, ids, torch.iinfo(ids.dtype).max).amin(-1, keepdim=True)
     ids = torch.where(ids == first, ids[:, :1], ids)
     ids[:, :1] = first
-    return ids, values.float()
+    return ids
 
 
 def hand_back(logits: torch.Tensor, tokens: torch.Tensor, point_mass: bool) -> torch.Tensor:

