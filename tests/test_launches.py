@@ -12,7 +12,7 @@ from dcoco.launches import count
 B, K, V = 15, 16, 4096
 FORWARD_MAX = 40  # Corrector.forward with the prepared table
 PATH_RULE_MAX = 60  # the grid and a path rule (hook.tokens: score, select, the tokens)
-HOOK_MAX = 47  # the whole compute_logits hook: top-K with rank 0 = the argmax (6 ops over the top-K), the corrector, the hand-back
+HOOK_MAX = 46  # the whole compute_logits hook: top-K with rank 0 = the argmax (4 ops over the top-K), the corrector, the hand-back
 TRAIN_CHUNK_MAX = 120  # score + backward, one chunk of requests
 REQUESTS = (1, 8, 32)
 

@@ -31,17 +31,15 @@ def candidates(logits: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor
 
 
 def argmax_first(ids: torch.Tensor, values: torch.Tensor) -> torch.Tensor:
-    """ids (rows, k) of a top-K sorted by value, with rank 0 the lowest id among those tied at the maximum (what an
-    argmax over the vocabulary picks, and vLLM's argmax reduction over vocab shards), so a corrector that keeps
-    rank 0 drafts exactly what DFlash drafts: topk promises no order among ties, and bf16 logits tie often. Exact
-    whenever at most k entries tie at the maximum (the top-K then holds them all); with more, rank 0 is one of
-    them. The values stay as they are (tied); the lowest id swaps places with rank 0's. Over the (rows, k) lists
-    only: an argmax over the logits would read them all again."""
+    """ids (rows, k) of a top-K sorted by value, with the entries tied at the maximum put in ascending id order, so
+    rank 0 is the lowest of them: what an argmax over the vocabulary picks, and vLLM's argmax reduction over vocab
+    shards. A corrector that keeps rank 0 then drafts exactly what DFlash drafts: topk promises no order among
+    ties, and bf16 logits tie often. Exact whenever at most k entries tie at the maximum (the top-K then holds them
+    all); with more, rank 0 is one of them. The tied entries are a prefix of the sorted list, so the values stay
+    as they are. Over the (rows, k) lists only: an argmax over the logits would read them all again."""
     tied = values == values[:, :1]
-    first = torch.where(tied, ids, torch.iinfo(ids.dtype).max).amin(-1, keepdim=True)
-    ids = torch.where(ids == first, ids[:, :1], ids)
-    ids[:, :1] = first
-    return ids
+    low = torch.where(tied, ids, torch.iinfo(ids.dtype).max).sort(-1).values  # the tied ids first, ascending
+    return torch.where(tied, low, ids)
 
 
 def hand_back(logits: torch.Tensor, tokens: torch.Tensor, point_mass: bool) -> torch.Tensor:
