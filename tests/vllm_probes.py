@@ -115,10 +115,11 @@ def padded_check(worker, requests: int, padded: int, seed: int = 0) -> dict:
     h = torch.randn(requests * N, m.config.hidden_size, generator=g).to(m.model.fc.weight.dtype)
     pad = torch.cat([h, h[:1].expand((padded - requests) * N, -1)])
     real = slice(0, requests * N)
-    return {"logits_argmax": m.compute_logits(h).argmax(-1).tolist(),
+    logits = m.compute_logits(h)
+    return {"logits_argmax": logits.argmax(-1).tolist(),
             "padded_logits_argmax": m.compute_logits(pad)[real].argmax(-1).tolist(),
             "top_tokens": m.get_top_tokens(h).tolist(), "padded_top_tokens": m.get_top_tokens(pad)[real].tolist(),
-            "dtype": str(m.compute_logits(h).dtype)}
+            "dtype": str(logits.dtype)}
 
 
 def fix_cpu_expand() -> None:

@@ -32,6 +32,7 @@ from collections.abc import Iterable
 
 import torch
 from vllm.config import get_cached_compilation_config
+from vllm.forward_context import get_forward_context, is_forward_context_available
 from vllm.logger import init_logger
 from vllm.model_executor.custom_op import CustomOp
 from vllm.model_executor.models.qwen3_dflash import DFlashQwen3ForCausalLM
@@ -255,8 +256,6 @@ class DFlashDCOCOForCausalLM(DFlashQwen3ForCausalLM):
         """(requests, slots) of this draft pass from its attention metadata: DFlash queries 1 + N tokens per request
         (the anchor, then N mask slots), so max_query_len = 1 + N and num_actual_tokens = R (1 + N). None in vLLM's
         dummy and profile runs, which have no metadata."""
-        from vllm.forward_context import get_forward_context, is_forward_context_available
-
         md = get_forward_context().attn_metadata if is_forward_context_available() else None
         md = md.get(self.model.layers[0].self_attn.attn.layer_name) if isinstance(md, dict) else None
         q, t = getattr(md, "max_query_len", None), getattr(md, "num_actual_tokens", None)
