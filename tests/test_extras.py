@@ -245,8 +245,8 @@ def distribution(module_name: str) -> set[str]:
 
 @cache
 def cli_commands() -> dict[str, list[ast.stmt]]:
-    """{command: the code of cli.main that runs it}, from cli.py: parser()'s subcommands and main()'s
-    `if args.cmd ==` branches (the command none of them names runs after the last one), each with what main runs
+    """{command: the code of cli.main that runs it}, from cli.py: parser()'s subcommands and main()'s (its
+    _run's) `if args.cmd ==` branches (the command none of them names runs after the last one), each with what main runs
     before them."""
     tree = ast.parse((PKG / "cli.py").read_text())
     funcs = {f.name: f for f in tree.body if isinstance(f, ast.FunctionDef)}
@@ -256,7 +256,9 @@ def cli_commands() -> dict[str, list[ast.stmt]]:
     branches: dict[str, list[ast.stmt]] = {}
     before: list[ast.stmt] = []
     after: list[ast.stmt] = []
-    for stmt in funcs["main"].body:
+    # main parses, then runs _run (its branches) inside the handler that turns errors into one line
+    calls_run = lambda st: any(isinstance(n, ast.Name) and n.id == "_run" for n in ast.walk(st))  # noqa: E731
+    for stmt in [st for st in funcs["main"].body if not calls_run(st)] + funcs["_run"].body:
         test = stmt.test if isinstance(stmt, ast.If) else None
         if (isinstance(test, ast.Compare) and isinstance(test.left, ast.Attribute) and test.left.attr == "cmd"
                 and isinstance(test.comparators[0], ast.Constant)):

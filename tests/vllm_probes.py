@@ -20,12 +20,12 @@ def record(worker) -> None:
         m.probe_log.append((hidden.clone(), cand_ids.clone(), cand_logits.clone(), tokens.clone(), slots))
         return tokens
     m.correct = recording
-    for name in ("compute_logits", "get_top_tokens"):
+    for name in ("compute_logits", "get_top_tokens", "sample_draft"):
         inner = getattr(type(m), name)
 
-        def entry(h, _inner=inner, _name=name):
+        def entry(*args, _inner=inner, _name=name):
             m.probe_entry.append(_name)
-            return _inner(m, h)
+            return _inner(m, *args)
         setattr(m, name, entry)
 
 
@@ -47,8 +47,9 @@ def state(worker) -> dict:
         return {"name": type(m).__name__, "corrector": False}
     op = m.corrector_op
     return {"name": type(m).__name__, "corrector": True, "prepared": m.corrector.prepared,
-            "embed_rows": None if op.embed is None else op.embed.shape[0], "method": op._forward_method.__name__,
-            "point_mass": m.point_mass, "weight": float(m.corrector.mlp[2].weight.abs().sum())}
+            "embed_rows": None if op.embed is None else op.embed.shape[0],
+            "table_rows": m.corrector._prepared[1].shape[0] if m.corrector.prepared else None, "method": op._forward_method.__name__,
+            "point_mass": m.point_mass, "walks": m.walks, "weight": float(m.corrector.mlp[2].weight.abs().sum())}
 
 
 def table(worker) -> dict:
@@ -78,29 +79,49 @@ def logits_check(worker, rows: int, seed: int = 0) -> dict:
             "top_tokens": m.get_top_tokens(h).tolist()}
 
 
+def sample_check(worker, requests: int, seed: int = 0) -> dict:
+    """sample_draft (V1's probabilistic draft) on random hidden states: request 0 at temperature 0, the others at
+    1. Per row: the drawn token, the proposal's support, total, and its mass at the token; the greedy hook's tokens
+    for comparison; and the draw vLLM's own sampler would make (never used when the corrector applies)."""
+    m = _drafter(worker)
+    N = m.num_slots
+    g = torch.Generator().manual_seed(seed)
+    h = torch.randn(requests * N, m.config.hidden_size, generator=g).to(m.model.fc.weight.dtype)
+    t = torch.ones(requests)
+    t[0] = 0.0
+    torch.manual_seed(seed)
+    tokens, q = m.sample_draft(h, t, lambda logits: (None, None))
+    return {"tokens": tokens.tolist(), "support": (q > 0).sum(-1).tolist(), "total": q.sum(-1).tolist(),
+            "at_token": q.gather(1, tokens[:, None])[:, 0].tolist(), "vocab": q.shape[1],
+            "greedy": m.compute_logits(h).argmax(-1).tolist()}
+
+
 def memory(worker) -> dict:
     """Bytes the corrector keeps on this rank beyond the drafter's own weights: the full embedding (its own copy
     under TP, else a view of the shared table), the vocabulary table, the float32 weights and the module."""
     m = _drafter(worker)
     op, c = m.corrector_op, m.corrector
     shard = m.model.embed_tokens.weight
-    own = op.embed.untyped_storage().data_ptr() != shard.untyped_storage().data_ptr()
+    own = op.embed is not None and op.embed.untyped_storage().data_ptr() != shard.untyped_storage().data_ptr()
     _, table, weights = c._prepared
-    nbytes = lambda ts: sum(t.numel() * t.element_size() for t in ts)  # noqa: E731
-    return {"embed": nbytes([op.embed]) if own else 0, "table": nbytes([table]), "weights": nbytes(weights),
-            "module": nbytes(c.parameters()), "vocab": op.embed.shape[0], "hidden": op.embed.shape[1],
-            "width": table.shape[1]}
+    nbytes = lambda ts: sum(t.untyped_storage().nbytes() for t in ts)  # noqa: E731
+    held = [c._stand_in] if c._stand_in is not None else []
+    return {"embed": nbytes([op.embed]) if own else 0, "stand_in": nbytes(held), "table": nbytes([table]),
+            "weights": nbytes(weights), "module": nbytes(c.parameters()), "vocab": table.shape[0],
+            "hidden": c.hidden_size, "width": table.shape[1], "embed_dtype_size": shard.element_size()}
 
 
 def gather_check(worker, rows: int) -> bool:
-    """The embedding gathered again in chunks of `rows` rows per shard (every rank at once) equals the one the
+    """The embedding gathered again in chunks of `rows` rows per shard (every rank at once) gives the table the
     corrector holds."""
-    from dcoco import vllm_model
+    from dcoco import native, vllm_model
 
     m, keep = _drafter(worker), vllm_model.GATHER_ROWS
     vllm_model.GATHER_ROWS = rows
     try:
-        return bool(torch.equal(m._full_embedding(m.model.embed_tokens), m.corrector_op.embed))
+        c = m.corrector
+        want = native.cand_table(m._full_embedding(m.model.embed_tokens), c.cand_proj.weight, c.fuse_proj.weight)
+        return bool(torch.allclose(want, c._prepared[1], atol=1e-5))
     finally:
         vllm_model.GATHER_ROWS = keep
 

@@ -79,15 +79,21 @@ def _ptr(t) -> int:
     return 0 if t is None else t.data_ptr()
 
 
-def _inputs(hidden, cand_ids, cand_logits, embed) -> tuple[list[torch.Tensor], list[int]]:
-    """The inputs made contiguous (keep them alive through the call) and their (pointer, dtype code) arguments."""
-    ts = [t.contiguous() for t in (hidden, cand_ids, cand_logits, embed)]
+def _inputs(hidden, cand_ids, cand_logits, embed, table=None) -> tuple[list[torch.Tensor], list[int]]:
+    """The inputs made contiguous (keep them alive through the call) and their (pointer, dtype code) arguments.
+    With a vocabulary table the core reads no embedding row: embed may be a stand-in (Corrector's table-only
+    preparation) and is passed as a null pointer, never copied."""
+    ts = [t.contiguous() for t in (hidden, cand_ids, cand_logits)] + [embed if table is not None else
+                                                                       embed.contiguous()]
     codes = (_FLOAT_CODES, _ID_CODES, _FLOAT_CODES, _FLOAT_CODES)
-    return ts, [x for t, c in zip(ts, codes) for x in (t.data_ptr(), c[t.dtype])]
+    args = [x for t, c in zip(ts, codes) for x in (t.data_ptr(), c[t.dtype])]
+    if table is not None:
+        args[6] = 0
+    return ts, args
 
 
 def _run_core(hidden, cand_ids, cand_logits, embed, weights, table, sizes, scores, ranks, tokens) -> None:
-    keep, inputs = _inputs(hidden, cand_ids, cand_logits, embed)
+    keep, inputs = _inputs(hidden, cand_ids, cand_logits, embed, table)
     ws = [w.to(torch.float32).contiguous() for w in weights]
     table = None if table is None else table.contiguous()
     args = (list(sizes), *inputs, _ptr(table), [w.data_ptr() for w in ws], _ptr(scores), _ptr(ranks), _ptr(tokens))

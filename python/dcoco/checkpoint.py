@@ -11,12 +11,10 @@ import json
 from pathlib import Path
 
 import torch
-from safetensors import safe_open
-
 from . import _ops
 from .corrector import Corrector
 from .dflash import ARCHITECTURE as DFLASH_ARCHITECTURE
-from .dflash import DFlashDrafter, weight_files
+from .dflash import DFlashDrafter, read_config, read_tensors
 
 ARCHITECTURE = "DFlashDCOCODraftModel"
 PREFIX = "corrector."
@@ -50,9 +48,7 @@ def load(path: str | Path, dtype: torch.dtype | None = None,
     """(drafter, corrector) from a DCOCO checkpoint, (drafter, None) from a plain DFlash one. dtype defaults
     to the checkpoint's. ValueError names what is wrong: architecture, dcoco_config, corrector tensors."""
     path = Path(path)
-    if not (path / "config.json").is_file():
-        raise ValueError(f"path: no config.json in {path}")
-    cfg = json.loads((path / "config.json").read_text())
+    cfg = read_config(path)
     arch = cfg.get("architectures")
     dcoco = ARCHITECTURE in (arch if isinstance(arch, list) else [])
     if not dcoco:
@@ -62,10 +58,7 @@ def load(path: str | Path, dtype: torch.dtype | None = None,
     dc = dcoco_config(cfg.get("dcoco_config"), path)
     drafter = DFlashDrafter.from_pretrained(path, dtype, device, architectures=(DFLASH_ARCHITECTURE, ARCHITECTURE),
                                             skip_prefix=PREFIX)
-    tensors = {}
-    for f in weight_files(path):
-        with safe_open(str(f), "pt") as st:
-            tensors.update({k[len(PREFIX):]: st.get_tensor(k) for k in st.keys() if k.startswith(PREFIX)})
+    tensors = {k[len(PREFIX):]: v for k, v in read_tensors(path, lambda k: k.startswith(PREFIX)).items()}
     with torch.device("meta"):
         corrector = Corrector(drafter.config.hidden_size, dc["num_candidates"], dc["width"], dc["mlp_hidden"])
     expected = {k: v.shape for k, v in corrector.state_dict().items()}
@@ -90,7 +83,7 @@ def export(src: str | Path, out: str | Path, drafter_only: bool = False, dtype: 
     if dtype is not None and dtype not in ("bfloat16", "float16", "float32"):
         raise ValueError(f"dtype: expected bfloat16, float16 or float32, got {dtype!r}")
     drafter, corrector = load(src)
-    selection = json.loads((Path(src) / "config.json").read_text()).get("dcoco_config", {}).get("selection", "greedy")
+    selection = (read_config(src).get("dcoco_config") or {}).get("selection", "greedy")
     save(out, drafter, None if drafter_only else corrector, selection, getattr(torch, dtype) if dtype else None)
     return Path(out)
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 import sys
@@ -62,7 +63,9 @@ def _train_parser(p: argparse.ArgumentParser) -> None:
     g.add_argument("--out", default=d.out,
                    help="checkpoint directory: serving layout, train_state.pt, log.jsonl (default: %(default)s)")
     g.add_argument("--init", help="DFlash or DCOCO checkpoint to start from")
-    g.add_argument("--resume", action="store_true", help="continue the run saved in --out")
+    g.add_argument("--resume", action="store_true", help="continue the run saved in --out (its settings must match)")
+    g.add_argument("--overwrite", action="store_true",
+                   help="replace a run already in --out (without --resume or --overwrite such an --out is refused)")
     g = p.add_argument_group("target and corpus")
     g.add_argument("--target", default="smollm2",
                    help="'smollm2' (embedded, the default) or a transformers causal LM path")
@@ -296,37 +299,40 @@ def recipe_options(path: str, argv: list[str]) -> tuple[argparse.Namespace, list
 
 
 def _train(argv: list[str], args: argparse.Namespace) -> int:
-    """`dcoco train`: one run, or a recipe's stages in order (each resumed if interrupted, skipped if finished)."""
+    """`dcoco train`: one run, or a recipe's stages in order. A recipe's stage is skipped when its folder holds
+    that stage finished, resumed when it holds it interrupted, and refused when it holds anything else (unless
+    --overwrite); every stage's settings are checked before any work. Without a recipe, an --out holding a run
+    needs --resume or --overwrite."""
     from . import recipe
-    from .training import saved_progress
 
-    stages = [{}]
-    if args.config:
-        try:
+    stages, given = [{}], _given_out(argv)
+    try:
+        if args.config:
             args, stages = recipe_options(args.config, argv[argv.index("train") + 1:])
+        runs = _stage_runs(args, stages or [{}], given)
+    except ValueError as e:
+        raise SystemExit(f"dcoco train: {e}") from None
+    plans, n = [], len(runs)
+    for i, (a, cfg, kw) in enumerate(runs):
+        if a.dry_run:
+            plans.append(_dry_run(a, cfg, kw))
+            continue
+        if args.config:
+            try:
+                state = _stage_state(cfg, args.overwrite)
+            except ValueError as e:
+                raise SystemExit(f"dcoco train: {e}") from None
+            if os.environ.get("RANK", "0") == "0":  # torchrun: one line, not one per rank
+                print(f"dcoco train: stage {i + 1}/{n} ({a.mode}, {a.out})" + (": done, skipped" if state == "done"
+                                                                               else ": resumed" if state == "resume"
+                                                                               else ""))
+            if state == "done":
+                continue
+            cfg = dataclasses.replace(cfg, resume=state == "resume", overwrite=state == "fresh" and args.overwrite)
+        try:
+            recipe.run(cfg, **kw)
         except ValueError as e:
             raise SystemExit(f"dcoco train: {e}") from None
-        stages = stages or [{}]
-    prev, plans = None, []
-    for i, st in enumerate(stages):
-        a = argparse.Namespace(**{**vars(args), **st})
-        if i and "init" not in st and not args.dry_run:
-            a.init = prev  # each stage starts from the one before (a dry run plans the same drafter shape)
-        prev = a.out
-        if a.dry_run:
-            plans.append(_dry_run(a, *train_options(a)))
-            continue
-        if len(stages) > 1:
-            saved = saved_progress(a.out)  # (step, total) of a run already in a.out
-            done = saved is not None and saved[0] >= saved[1]
-            if os.environ.get("RANK", "0") == "0":  # torchrun: one line, not one per rank
-                print(f"dcoco train: stage {i + 1}/{len(stages)} ({a.mode}, {a.out})"
-                      + (": done, skipped" if done else ""))
-            if done:
-                continue
-            a.resume = saved is not None
-        cfg, kw = train_options(a)
-        recipe.run(cfg, **kw)
     if args.dry_run and args.plan_json:
         from pathlib import Path
 
@@ -334,6 +340,55 @@ def _train(argv: list[str], args: argparse.Namespace) -> int:
         Path(args.plan_json).write_text(json.dumps({"config": args.config, "stages": plans}, indent=1) + "\n")
         print(f"wrote {args.plan_json}")
     return 0
+
+
+def _given_out(argv: list[str]) -> bool:
+    return any(x == "--out" or x.startswith("--out=") for x in argv)
+
+
+def _stage_runs(args: argparse.Namespace, stages: list[dict], given_out: bool) -> list[tuple]:
+    """(arguments, TrainConfig, recipe.run keywords) of every stage, all checked before any runs. With several
+    stages each has its own folder: a stage's `out`, or under an --out given on the command line (the root) the
+    last part of it (default stage-<i>-<mode>). Two stages in one folder are an error."""
+    from pathlib import Path
+
+    runs, seen, prev = [], {}, None
+    for i, st in enumerate(stages):
+        a = argparse.Namespace(**{**vars(args), **st})
+        if len(stages) > 1 and (given_out or "out" not in st):
+            name = Path(st["out"]).name if "out" in st else f"stage-{i + 1}-{a.mode}"
+            a.out = str(Path(args.out) / name)
+        if i and "init" not in st and not args.dry_run:
+            a.init = prev  # each stage starts from the one before (a dry run plans the same drafter shape)
+        prev = a.out
+        key = Path(a.out).resolve()
+        if key in seen:
+            raise ValueError(f"[[stages]] {seen[key] + 1} and {i + 1} both write to {a.out}; give each its own out")
+        seen[key] = i
+        try:
+            cfg, kw = train_options(a)
+        except ValueError as e:
+            raise ValueError(f"[[stages]] {i + 1}: {e}" if len(stages) > 1 else str(e)) from None
+        runs.append((a, cfg, kw))
+    return runs
+
+
+def _stage_state(cfg, overwrite: bool) -> str:
+    """What a recipe's stage does with its folder: "done" (finished with these settings), "resume" (interrupted
+    with them) or "fresh"; ValueError when it holds another run and overwrite is off."""
+    from .training import run_differences, run_files, saved_progress
+
+    held = run_files(cfg.out)
+    if not held:
+        return "fresh"
+    saved = saved_progress(cfg.out) if "train_state.pt" in held else None
+    diff = run_differences(cfg.out, cfg) if saved else ["no saved state"]
+    if not diff:
+        return "done" if saved[0] >= saved[1] else "resume"
+    if overwrite:
+        return "fresh"
+    raise ValueError(f"out: {cfg.out} holds another run ({', '.join(diff)}); rerun with --overwrite to replace it, "
+                     "or give the stage another out")
 
 
 def _dry_run(a: argparse.Namespace, cfg, kw: dict) -> dict:
@@ -364,7 +419,7 @@ def train_options(args: argparse.Namespace) -> tuple:
                       mlp_hidden=args.mlp_hidden, corr_grad=args.corr_grad, loss_vocab=args.loss_vocab, seed=args.seed,
                       save_every=args.save_every,
                       log_every=args.log_every, eval_sequences=args.eval_sequences, eval_every=args.eval_every,
-                      resume=args.resume, device=args.device)
+                      resume=args.resume, overwrite=args.overwrite, device=args.device)
     kw = dict(target=args.target, prompts=args.prompts, data=args.data, cache=args.cache_dir, init=args.init,
               layers=args.layers,
               target_layer_ids=args.target_layers, block_size=args.block_size, mask_token_id=args.mask_token_id,
@@ -376,7 +431,18 @@ def train_options(args: argparse.Namespace) -> tuple:
 
 
 def main(argv=None) -> int:
+    """`dcoco ...`: a library error (bad input found after argument parsing, an unreadable file) ends the command
+    with one `dcoco <command>: ...` line and exit code 1; DCOCO_DEBUG=1 shows the whole traceback instead."""
     args = parser().parse_args(argv)
+    try:
+        return _run(args, argv)
+    except (ValueError, OSError) as e:
+        if os.environ.get("DCOCO_DEBUG", "") not in ("", "0"):
+            raise
+        raise SystemExit(f"dcoco {args.cmd}: {type(e).__name__ + ': ' if isinstance(e, OSError) else ''}{e}") from None
+
+
+def _run(args: argparse.Namespace, argv) -> int:
     if args.cmd == "info":
         from . import build_info
         print(json.dumps(build_info(), indent=2))

@@ -43,6 +43,7 @@ class Corrector(nn.Module):
         nn.init.zeros_(self.mlp[2].weight)
         nn.init.zeros_(self.mlp[2].bias)
         self._prepared: tuple | None = None  # (key, table, float32 weights) from prepare_inference
+        self._stand_in: torch.Tensor | None = None  # (V, d) of one element: the embedding of a table-only preparation
 
     def extra_repr(self) -> str:
         return (f"hidden_size={self.hidden_size}, num_candidates={self.num_candidates}, width={self.width}, "
@@ -64,27 +65,39 @@ class Corrector(nn.Module):
                 self.mlp[2].weight, self.mlp[2].bias)
 
     def score(self, hidden: torch.Tensor, cand_ids: torch.Tensor, cand_logits: torch.Tensor,
-              embed: torch.Tensor) -> torch.Tensor:
+              embed: torch.Tensor | None = None) -> torch.Tensor:
         """scores[r,p,a,b] = S_{p+1}(a,b): float32 (R,B-1,K,K) for hidden (R,B,d), cand_ids/cand_logits (R,B,K).
 
         Differentiable in hidden, cand_logits and every parameter (the fused backend's compiled backward, or
         autograd through the native path); embed (frozen) and the ids get no gradient. float64 inputs compute
         in float64 on the CPU (for gradcheck). When nothing needs a gradient, the native path gathers the
-        prepared vocabulary table (prepare_inference) instead of projecting the candidates' embedding rows."""
-        _ops.require_tensors(hidden=hidden, cand_ids=cand_ids, cand_logits=cand_logits, embed=embed)
+        prepared vocabulary table (prepare_inference) instead of projecting the candidates' embedding rows.
+        embed None: the table of prepare_inference(embed, table_only=True), no gradient (the native path)."""
+        _ops.require_tensors(hidden=hidden, cand_ids=cand_ids, cand_logits=cand_logits)
+        wanted = torch.is_grad_enabled() and (hidden.requires_grad or cand_logits.requires_grad or
+                                              any(p.requires_grad for p in self.parameters()))
+        if embed is None:
+            if wanted:
+                raise ValueError("embed: a gradient is wanted, which the vocabulary table does not carry; pass the "
+                                 "embedding table")
+            embed = self._table_only()
+            _, table, weights = self._prepared
+            return native.score(hidden, cand_ids, cand_logits, embed, weights, table)
+        _ops.require_tensors(embed=embed)
         if backend.native(hidden.device):
-            wanted = torch.is_grad_enabled() and (hidden.requires_grad or cand_logits.requires_grad or
-                                                  any(p.requires_grad for p in self.parameters()))
             prepared = None if wanted else self._fresh_prepared(embed)
             table, weights = (None, self.weights()) if prepared is None else prepared[1:]
             return native.score(hidden, cand_ids, cand_logits, embed, weights, table)
         return torch.ops.dcoco.score(hidden, cand_ids, cand_logits, embed, *self.weights())
 
     def forward(self, hidden: torch.Tensor, cand_ids: torch.Tensor, cand_logits: torch.Tensor,
-                embed: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+                embed: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
         """Prefix-first greedy re-selection (one call of the fused core, or the native walk): (ranks, tokens),
-        both int64 (R,B)."""
-        _ops.require_tensors(hidden=hidden, cand_ids=cand_ids, cand_logits=cand_logits, embed=embed)
+        both int64 (R,B). embed None: the table of prepare_inference(embed, table_only=True)."""
+        _ops.require_tensors(hidden=hidden, cand_ids=cand_ids, cand_logits=cand_logits)
+        if embed is None:
+            embed = self._table_only()
+        _ops.require_tensors(embed=embed)
         prepared = self._fresh_prepared(embed)
         table, weights = (None, self.weights()) if prepared is None else prepared[1:]
         if backend.native(hidden.device):
@@ -92,14 +105,26 @@ class Corrector(nn.Module):
         return torch.ops.dcoco.correct(hidden, cand_ids, cand_logits, embed, *weights, table)
 
     @torch.no_grad()
-    def prepare_inference(self, embed: torch.Tensor) -> torch.Tensor:
+    def prepare_inference(self, embed: torch.Tensor, table_only: bool = False) -> torch.Tensor:
         """Inference-only preparation; returns the vocabulary table.
 
         Tabulates W_fuse[:, :r] LN(W_cand E[v]) for the whole vocabulary (V x r float32: 77.8 MB at
         V=151936, r=128), so forward gathers rows instead of projecting d-wide embeddings, and keeps float32
         copies of the weights (a bf16 module then skips the per-call upcast). Exact: results equal the plain
         formula up to float rounding. Forward drops both (with a warning) when the weights or the embedding
-        table change afterwards; call again then. Under torch.compile the check is skipped."""
+        table change afterwards; call again then. Under torch.compile the check is skipped.
+
+        What the check sees: in-place writes through the tensors themselves (`w.add_(...)`, `copy_`,
+        `load_state_dict`) and new tensors. What it cannot see without reading every weight on every call:
+        writes that bypass autograd's version counter, i.e. through `w.data` (an EMA written as
+        `p.data.mul_(...)`), numpy or DLPack views, and in-place writes to inference tensors
+        (torch.inference_mode keeps no counter). After those, call prepare_inference again (or unprepare).
+
+        table_only: the calls that follow pass embed=None and read the table alone, so the caller may free the
+        embedding (a gathered copy under tensor parallelism: 1.24 GB at Qwen3-8B against the table's 77.8 MB).
+        Nothing then notices the embedding changing: prepare again after it does."""
+        if not isinstance(table_only, bool):
+            raise TypeError(f"table_only: expected a bool, got {table_only!r}")
         args = (embed, self.cand_proj.weight, self.fuse_proj.weight)
         table = native.cand_table(*args) if backend.native(embed.device) else torch.ops.dcoco.cand_table(*args)
         weights = tuple(w.detach().to(torch.float32).contiguous() for w in self.weights())
@@ -109,12 +134,14 @@ class Corrector(nn.Module):
             for old, new in zip((old_table, *old_weights), (table, *weights)):
                 old.copy_(new)
             table, weights = old_table, old_weights
-        self._prepared = (self._key(embed), table, weights)
+        key = self._key(embed)
+        self._stand_in = embed.new_zeros(()).expand(embed.shape) if table_only else None
+        self._prepared = ((_TABLE_ONLY, *key[3:]) if table_only else key, table, weights)
         return table
 
     def unprepare(self) -> None:
         """Drop what prepare_inference kept: forward then computes from the embedding table."""
-        self._prepared = None
+        self._prepared = self._stand_in = None
 
     @property
     def prepared(self) -> bool:
@@ -122,16 +149,38 @@ class Corrector(nn.Module):
         return self._prepared is not None
 
     def _key(self, embed: torch.Tensor) -> tuple:
-        return (embed.data_ptr(), embed.shape, embed._version, *((w.data_ptr(), w._version) for w in self.weights()))
+        return (embed.data_ptr(), embed.shape, _version(embed), *((w.data_ptr(), _version(w)) for w in self.weights()))
+
+    def _table_only(self) -> torch.Tensor:
+        """The stand-in embedding of a table-only preparation, whose weights must be those it was prepared with."""
+        if self._stand_in is None:
+            raise ValueError("embed: expected the (V, d) embedding table; None only after "
+                             "prepare_inference(embed, table_only=True)")
+        if not torch.compiler.is_compiling() and self._key(self._stand_in)[3:] != self._prepared[0][1:]:
+            self._prepared = self._stand_in = None
+            raise ValueError("embed: the table-only preparation is stale (the weights changed since "
+                             "prepare_inference); call prepare_inference(embed, table_only=True) again")
+        return self._stand_in
 
     def _fresh_prepared(self, embed: torch.Tensor) -> tuple | None:
         if self._prepared is None or torch.compiler.is_compiling():
             return self._prepared
-        if self._key(embed) != self._prepared[0] or self._prepared[1].device != embed.device:
+        key = self._key(embed)
+        if embed is self._stand_in and self._prepared[0][0] is _TABLE_ONLY:
+            key = (_TABLE_ONLY, *key[3:])
+        if key != self._prepared[0] or self._prepared[1].device != embed.device:
             warnings.warn("dcoco.Corrector: the inference preparation is stale (weights or embed changed since "
                           "prepare_inference); computing from the embedding table instead", stacklevel=3)
-            self._prepared = None
+            self._prepared = self._stand_in = None
         return self._prepared
+
+
+def _version(t: torch.Tensor) -> int | None:
+    """t's in-place write counter; None for an inference tensor (torch.inference_mode), which keeps none."""
+    return None if t.is_inference() else t._version
+
+
+_TABLE_ONLY = object()  # the embedding part of a table-only preparation's key
 
 
 def _same_layout(new: tuple, old: tuple) -> bool:

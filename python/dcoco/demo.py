@@ -145,7 +145,8 @@ def _stage(out: Path, cfg: TrainConfig, data: corpus.Corpus, embed, head, drafte
         d, c = checkpoint.load(out)
         return d, c, info
     t = time.monotonic()
-    cfg = dataclasses.replace(cfg, out=str(out), resume=(out / "train_state.pt").is_file())
+    resume = (out / "train_state.pt").is_file()  # the demo owns its work folder: anything else there is redone
+    cfg = dataclasses.replace(cfg, out=str(out), resume=resume, overwrite=not resume)
     res = train(cfg, data, embed, head, drafter, corrector, progress=progress)
     last = res.history[-20:] or [{}]
     info = {"mode": cfg.mode, "steps": res.step, "seconds": time.monotonic() - t, "recipe": want,

@@ -344,6 +344,10 @@ class DFlashDrafter(nn.Module):
         tokens before it (positions 0..C-1); context_len (N,) the real context length per row when rows
         are right-padded (default C): the anchor sits at position context_len."""
         _check("anchor_ids", anchor_ids, 1, False)
+        V = self.config.vocab_size
+        if anchor_ids.numel() and not bool(((anchor_ids >= 0) & (anchor_ids < V)).all()):
+            raise ValueError(f"anchor_ids: expected token ids in [0, {V}), got values from {int(anchor_ids.min())} "
+                             f"to {int(anchor_ids.max())}")
         N = anchor_ids.shape[0]
         self._check_context(target_hidden, N)
         C = target_hidden.shape[1]
@@ -425,6 +429,7 @@ class DFlashDrafter(nn.Module):
         path.mkdir(parents=True, exist_ok=True)
         cfg = self.config.to_dict()
         dtype = dtype or self.fc.weight.dtype
+        check_storable(tensors, dtype)
         cfg["dtype"] = str(dtype).removeprefix("torch.")
         cfg.update(config_update or {})
         (path / "config.json").write_text(json.dumps(cfg, indent=2) + "\n")
@@ -440,18 +445,11 @@ class DFlashDrafter(nn.Module):
         dtype defaults to the checkpoint's. ValueError names a wrong architecture/config, missing or
         unexpected tensors, or a tensor of the wrong shape. architectures / skip_prefix: for layouts that
         extend DFlash's (their architecture name; their own tensors, left to their loader)."""
-        from safetensors.torch import load_file
-
         path = Path(path)
-        if not (path / "config.json").is_file():
-            raise ValueError(f"path: no config.json in {path}")
-        config = DFlashConfig.from_dict(json.loads((path / "config.json").read_text()), architectures)
-        tensors = {}
-        for f in weight_files(path):
-            tensors.update(load_file(str(f)))
+        config = DFlashConfig.from_dict(read_config(path), architectures)
         # rotary inv_freq is derived from the config; transformers may have saved it
-        tensors = {k: v for k, v in tensors.items() if not k.endswith("rotary_emb.inv_freq")
-                   and not (skip_prefix and k.startswith(skip_prefix))}
+        tensors = read_tensors(path, lambda k: not k.endswith("rotary_emb.inv_freq")
+                               and not (skip_prefix and k.startswith(skip_prefix)))
         with torch.device("meta"):
             model = cls(config)
         expected = {k: v.shape for k, v in model.state_dict().items()}
@@ -469,15 +467,76 @@ class DFlashDrafter(nn.Module):
         return model
 
 
+def read_json(file: Path) -> dict:
+    """A JSON object from file; ValueError naming the file when it is unreadable, not JSON, or not an object."""
+    try:
+        data = json.loads(Path(file).read_text())
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise ValueError(f"{file}: cannot read it as JSON ({e})") from None
+    if not isinstance(data, dict):
+        raise ValueError(f"{file}: expected a JSON object, got {type(data).__name__}")
+    return data
+
+
+def read_config(path: str | Path) -> dict:
+    """config.json of the checkpoint directory path (read_json's errors; ValueError when it is missing)."""
+    path = Path(path)
+    if not (path / "config.json").is_file():
+        raise ValueError(f"path: no config.json in {path}")
+    return read_json(path / "config.json")
+
+
 def weight_files(path: str | Path) -> list[Path]:
     """The safetensors files of a checkpoint directory: model.safetensors, or the shards its index names."""
     path = Path(path)
     if (path / "model.safetensors").is_file():
         return [path / "model.safetensors"]
     if (path / "model.safetensors.index.json").is_file():
-        index = json.loads((path / "model.safetensors.index.json").read_text())
-        return [path / f for f in sorted(set(index["weight_map"].values()))]
+        index = read_json(path / "model.safetensors.index.json").get("weight_map")
+        if not isinstance(index, dict):
+            raise ValueError(f"{path / 'model.safetensors.index.json'}: expected a weight_map object")
+        return [path / f for f in sorted(set(index.values()))]
     raise ValueError(f"path: no model.safetensors (or model.safetensors.index.json) in {path}")
+
+
+def read_tensors(path: str | Path, keep=lambda name: True) -> dict[str, torch.Tensor]:
+    """The tensors named `keep` in a checkpoint directory's safetensors files, checked: a file that safetensors
+    cannot read (truncated, corrupt), a tensor stored in a non-floating dtype, or one holding NaN or inf is a
+    ValueError naming the file and the tensor. Every weight of both layouts is floating-point."""
+    from safetensors import SafetensorError, safe_open
+
+    out = {}
+    for f in weight_files(path):
+        try:
+            with safe_open(str(f), "pt") as st:
+                for k in st.keys():
+                    if keep(k):
+                        out[k] = st.get_tensor(k)
+        except (SafetensorError, OSError) as e:
+            raise ValueError(f"{f}: not a readable safetensors file ({e})") from None
+        for k, t in out.items():
+            if not t.is_floating_point():
+                raise ValueError(f"{f}: tensor {k} is stored as {str(t.dtype).removeprefix('torch.')}; expected a "
+                                 "floating-point dtype")
+            bad = int((~t.isfinite()).sum())
+            if bad:
+                raise ValueError(f"{f}: tensor {k} holds {bad} non-finite value(s) (NaN or inf) of {t.numel()}")
+    return out
+
+
+def check_storable(tensors: dict[str, torch.Tensor], dtype: torch.dtype) -> None:
+    """ValueError naming the first floating tensor that is not finite, or whose values overflow dtype (float16's
+    65504): a checkpoint never stores what it cannot read back as the weights."""
+    for k, v in tensors.items():
+        if not v.is_floating_point():
+            continue
+        if not bool(v.isfinite().all()):
+            raise ValueError(f"tensor {k} holds non-finite values (NaN or inf); refusing to save it")
+        limit = torch.finfo(dtype).max
+        big = float(v.detach().abs().max()) if v.numel() else 0.0
+        if big > limit:
+            raise ValueError(f"tensor {k}: |values| up to {big:.4g} do not fit {str(dtype).removeprefix('torch.')} "
+                             f"(at most {limit:.4g}); keep a wider dtype")
 
 
 def dflash_loss(logits: torch.Tensor, labels: torch.Tensor, valid: torch.Tensor, gamma: float = 7.0) -> torch.Tensor:

@@ -295,16 +295,20 @@ def run(drafter: str, target: str = "smollm2", suites: Sequence[str] | None = No
     the checkpoint's dcoco_config (greedy / 16 without one). Exits loudly (stderr) on a greedy losslessness
     failure; the caller sets the exit code."""
     from . import checkpoint
+    from .dflash import read_config
     from .recipe import load_target
 
     chats = load_chats(suites, rows)  # before the slow loads: a bad path fails at once
+    d, c = checkpoint.load(drafter)  # and so does a bad drafter, or a bad rule, lam or K
+    dc = read_config(drafter).get("dcoco_config") or {}
+    rule = dc.get("selection", "greedy") if rule is None else rule
+    num_candidates = dc.get("num_candidates", 16) if num_candidates is None else num_candidates
+    Engine.check_selection(rule, lam, num_candidates)
     tok, model = load_target(target)
     model.to(device)
-    d, c = checkpoint.load(drafter, dtype=next(model.parameters()).dtype, device=device)  # the target's dtype
-    dc = json.loads((Path(drafter) / "config.json").read_text()).get("dcoco_config") or {}
-    engine = Engine(model, d.eval(), c.eval() if corrector and c is not None else None,
-                    rule=rule or dc.get("selection", "greedy"), lam=lam,
-                    num_candidates=num_candidates or dc.get("num_candidates", 16))
+    dt = next(model.parameters()).dtype  # the drafter runs in the target's dtype
+    engine = Engine(model, d.to(device, dt).eval(), c.to(device, dt).eval() if corrector and c is not None else None,
+                    rule=rule, lam=lam, num_candidates=num_candidates)
     res = evaluate_chats(model, engine, tok, chats, max_new_tokens, temperature, top_p, top_k, seed, thinking,
                          progress)
     res["config"] = {"drafter": str(drafter), "target": target, "corrector": engine.corrector is not None,

@@ -9,7 +9,7 @@ from __future__ import annotations
 import torch
 
 from .corrector import Corrector
-from .select import select
+from .select import sample, select
 
 
 def tokens(corrector: Corrector, embed: torch.Tensor, selection: str, hidden: torch.Tensor, cand_ids: torch.Tensor,
@@ -20,6 +20,22 @@ def tokens(corrector: Corrector, embed: torch.Tensor, selection: str, hidden: to
         return corrector(hidden, cand_ids, cand_logits, embed)[1]
     ranks = select(corrector.score(hidden, cand_ids, cand_logits, embed), cand_logits[:, 0], selection)
     return cand_ids.gather(2, ranks[..., None])[..., 0]
+
+
+def sampled(corrector: Corrector, embed: torch.Tensor, hidden: torch.Tensor, cand_ids: torch.Tensor,
+            cand_logits: torch.Tensor, temperature: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """The sampled walk (select.sample) over the corrector's scores: tokens (R,N) int64 and their proposal
+    q (R,N,K) float32 over the candidates, for hidden (R,N,d), cand_ids / cand_logits (R,N,K) and temperature (R,)
+    per request (0: greedy)."""
+    scores = corrector.score(hidden, cand_ids, cand_logits, embed)
+    ranks, q = sample(scores, cand_logits[:, 0], temperature)
+    return cand_ids.gather(2, ranks[..., None])[..., 0], q
+
+
+def proposal(cand_ids: torch.Tensor, q: torch.Tensor, vocab: int) -> torch.Tensor:
+    """q (rows, K) over the candidates cand_ids (rows, K) as the dense (rows, vocab) float32 distribution vLLM's V1
+    rejection sampler reads: zero off the candidates."""
+    return q.new_zeros(q.shape[0], vocab).scatter_(1, cand_ids, q)
 
 
 def candidates(logits: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:

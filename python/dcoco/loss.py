@@ -52,7 +52,7 @@ def correction_loss(scores: torch.Tensor, cand_ids: torch.Tensor, target_ids: to
     if isinstance(rho, bool) or not isinstance(rho, (int, float)) or not math.isfinite(rho) or rho <= 0:
         raise ValueError(f"rho: expected a finite number > 0, got {rho!r}")
 
-    match = cand_ids == target_ids[..., None].to(cand_ids.dtype)           # (R,B,K)
+    match = cand_ids.long() == target_ids[..., None].long()               # (R,B,K), never narrowing a label
     rank = match.int().argmax(-1)                                          # first match; 0 when absent
     ok = match.any(-1) & valid                                             # (R,B)
     m = ok[:, :-1] & ok[:, 1:]                                             # (R,B-1)

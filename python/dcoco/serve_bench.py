@@ -179,7 +179,7 @@ async def scrape(client, base: str) -> dict | None:
     import httpx
 
     try:
-        r = await client.get(f"{base}/metrics", timeout=30)
+        r = await client.get(f"{base}/metrics", timeout=min(30.0, client.timeout.read))
     except httpx.HTTPError:
         return None
     return counters(r.text) if r.status_code == 200 else None
@@ -313,7 +313,7 @@ async def _check(client, base: str, model: str, body: dict) -> None:
     import httpx
 
     try:
-        r = await client.get(f"{base}/v1/models", timeout=30)
+        r = await client.get(f"{base}/v1/models", timeout=min(30.0, client.timeout.read))  # the user's --timeout
     except httpx.HTTPError as e:
         raise SystemExit(f"dcoco bench: cannot reach --endpoint {base} ({type(e).__name__}: {e}); is the server "
                          f"running?") from None

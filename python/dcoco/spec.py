@@ -23,7 +23,7 @@ from torch import nn
 from . import _ops
 from .corrector import Corrector
 from .dflash import DFlashDrafter
-from .select import select
+from .select import sample, select
 from .selector import CandidateSelector
 
 KS = (1, 2, 4, 8, 16)  # coverage is reported for the drafter's top-k at these k
@@ -170,14 +170,7 @@ class Engine:
         if corrector is not None and corrector.hidden_size != drafter.config.hidden_size:
             raise ValueError(f"corrector: hidden_size {corrector.hidden_size} differs from the drafter's "
                              f"{drafter.config.hidden_size}")
-        if rule not in _ops.RULES:
-            raise ValueError(f"rule: expected one of {sorted(_ops.RULES)}, got {rule!r}")
-        if not (isinstance(lam, (int, float)) and math.isfinite(lam)):
-            raise ValueError(f"lam: expected a finite number, got {lam!r}")
-        if isinstance(num_candidates, bool) or not isinstance(num_candidates, int) or not (
-                1 <= num_candidates <= _ops.MAX_CANDIDATES):
-            raise ValueError(f"num_candidates: expected an integer in [1, {_ops.MAX_CANDIDATES}], "
-                             f"got {num_candidates!r}")
+        self.check_selection(rule, lam, num_candidates)
         self.target, self.drafter, self.corrector = target, drafter, corrector
         self.rule, self.lam = rule, float(lam)
         self.K = min(num_candidates, V)
@@ -235,19 +228,13 @@ class Engine:
         if n == 0:
             return [], torch.zeros(0, V)
         ids, vals = ids[:n, :K], vals[:n, :K].float()
-        grid = None
         if isinstance(self.corrector, Corrector) and n > 1:
             grid = self.corrector.score(hc[:, :n], ids[None], vals[None], self.embed)[0].float()  # (n-1, K, K)
-        q = torch.zeros(n, V)
-        drafts, rows = [], vals[0]
-        for j in range(n):
-            w = (rows / temperature).softmax(-1).cpu()
-            k = _sample(w, generator)
-            q[j, ids[j].cpu()] = w
-            drafts.append(int(ids[j, k]))
-            if j + 1 < n:
-                rows = grid[j, k] if grid is not None else vals[j + 1]
-        return drafts, q
+        else:  # no corrector: each slot drawn from its own logits, whatever its predecessor
+            grid = vals[1:, None].expand(n - 1, K, K)
+        ids = ids.cpu()  # drawn on the CPU, where the generator is
+        ranks, w = sample(grid[None].cpu(), vals[:1].cpu(), temperature, generator)
+        return ids.gather(1, ranks[0][:, None])[:, 0].tolist(), torch.zeros(n, V).scatter_(1, ids, w[0])
 
     def oracle(self, ref: list[int], left: int, ids: torch.Tensor, vals: torch.Tensor,
                 hc: torch.Tensor) -> tuple[int, int, int, int]:
@@ -295,6 +282,18 @@ class Engine:
                 rest = (p[j] - proposal[j]).clamp_(min=0)
             return drafts[:j] + [_sample(rest / rest.sum(), generator)]
         return drafts + [_sample(p[-1], generator)]
+
+    @staticmethod
+    def check_selection(rule: str, lam: float, num_candidates: int) -> None:
+        """ValueError naming a bad rule, lam or num_candidates (before any model is loaded, where that is slow)."""
+        if rule not in _ops.RULES:
+            raise ValueError(f"rule: expected one of {sorted(_ops.RULES)}, got {rule!r}")
+        if isinstance(lam, bool) or not (isinstance(lam, (int, float)) and math.isfinite(lam)):
+            raise ValueError(f"lam: expected a finite number, got {lam!r}")
+        if isinstance(num_candidates, bool) or not isinstance(num_candidates, int) or not (
+                1 <= num_candidates <= _ops.MAX_CANDIDATES):
+            raise ValueError(f"num_candidates: expected an integer in [1, {_ops.MAX_CANDIDATES}], "
+                             f"got {num_candidates!r}")
 
     @torch.no_grad()
     def generate(self, prompt_ids: list[int], max_new_tokens: int, temperature: float = 0.0, top_p: float = 1.0,

@@ -37,6 +37,7 @@ STATE = "train_state.pt"
 RESUME_KEYS = ("mode", "seed", "anchors", "grad_accum", "eval_sequences", "lr", "warmup", "clip", "gamma", "rho",
                "corr_grad", "num_candidates", "width", "mlp_hidden", "loss_vocab")
 SAVE_DTYPES = ("bfloat16", "float16", "float32")
+RUN_FILES = (STATE, "config.json", "model.safetensors", "log.jsonl", "eval.jsonl")  # what a run leaves in its out
 
 
 def corrector_scores(corrector: Corrector, hidden: torch.Tensor, cand_ids: torch.Tensor, cand_logits: torch.Tensor,
@@ -78,7 +79,8 @@ class TrainConfig:
     log_every: int = 10
     eval_sequences: int = 0         # corpus sequences held out of training; teacher-forced tau on them is logged
     eval_every: int | None = None   # steps between held-out evaluations (default: save_every)
-    resume: bool = False
+    resume: bool = False            # continue the run saved in out (its configuration must match)
+    overwrite: bool = False         # replace a run already in out; without resume or overwrite such an out is refused
     device: str = "auto"            # auto: cuda:LOCAL_RANK when CUDA is available, else cpu
 
     def __post_init__(self):
@@ -95,6 +97,11 @@ class TrainConfig:
         if self.loss_vocab is not None and self.mode != "drafter":
             raise ValueError(f"loss_vocab: a shortlisted DFlash loss is for mode 'drafter' (the corrector needs the "
                              f"full head's top-K), got mode {self.mode!r}")
+        for f in ("resume", "overwrite"):
+            if not isinstance(getattr(self, f), bool):
+                raise ValueError(f"{f}: expected True or False, got {getattr(self, f)!r}")
+        if self.resume and self.overwrite:
+            raise ValueError("resume, overwrite: pick one (continue the run in out, or replace it)")
         if not isinstance(self.grad_checkpoint, bool):
             raise ValueError(f"grad_checkpoint: expected True or False, got {self.grad_checkpoint!r}")
         if self.save_dtype not in SAVE_DTYPES:
@@ -368,7 +375,7 @@ def train(cfg: TrainConfig, corpus: Corpus | TokenCorpus, embed: torch.Tensor, h
              0.5 * (1 + math.cos(math.pi * (s - warm) / max(1, total - warm))))
     lr_sched = torch.optim.lr_scheduler.LambdaLR(opt, lr_at)
     out = Path(cfg.out)
-    start = _resume(out, cfg, total, world, objective, opt, lr_sched) if cfg.resume else 0
+    start = _resume(out, cfg, total, world, objective, opt, lr_sched) if cfg.resume else _fresh(out, cfg, rank, world)
     model = objective
     if world > 1:
         model = nn.parallel.DistributedDataParallel(objective, device_ids=[dev.index] if dev.type == "cuda" else None,
@@ -558,12 +565,62 @@ def saved_progress(out: str | Path) -> tuple[int, int] | None:
     return state["step"], state["total"]
 
 
+def run_files(out: str | Path) -> list[str]:
+    """The files of a run in out (RUN_FILES present). ValueError when out exists and is not a folder."""
+    out = Path(out)
+    if out.exists() and not out.is_dir():
+        raise ValueError(f"out: {out} is a file; expected a folder for the run")
+    return [f for f in RUN_FILES if (out / f).exists()]
+
+
+def _fresh(out: Path, cfg: TrainConfig, rank: int, world: int) -> int:
+    """Step 0 of a new run in out: refused when out holds a run, unless cfg.overwrite, which removes it first."""
+    held = run_files(out)
+    if held and not cfg.overwrite:
+        saved = saved_progress(out) if STATE in held else None
+        what = f"a run at step {saved[0]} of {saved[1]}" if saved else f"a run's files ({', '.join(held)})"
+        raise ValueError(f"out: {out} holds {what}; pass resume (--resume) to continue it"
+                         + (" (it has no saved state to resume from)" if saved is None else "")
+                         + ", overwrite (--overwrite) to replace it, or another out")
+    if held:
+        if world > 1:
+            dist.barrier()  # every rank has looked before rank 0 removes anything
+        if rank == 0:
+            for f in held:
+                (out / f).unlink()
+        if world > 1:
+            dist.barrier()
+    return 0
+
+
+def _differences(saved: dict, cfg: TrainConfig, keys) -> list[str]:
+    saved = {**dataclasses.asdict(TrainConfig()), **saved}  # keys added since the save take defaults
+    return [f"{k} ({saved[k]!r} saved, {getattr(cfg, k)!r} now)" for k in keys if saved[k] != getattr(cfg, k)]
+
+
+def run_differences(out: str | Path, cfg: TrainConfig) -> list[str]:
+    """How the run saved in out differs from cfg in what shapes its trajectory (RESUME_KEYS) or its length
+    (epochs, steps); [] when it is the same run. A recipe rerun skips or resumes a stage only then."""
+    state = torch.load(Path(out) / STATE, map_location="cpu", weights_only=False, mmap=True)
+    return _differences(state["config"], cfg, RESUME_KEYS + ("epochs", "steps"))
+
+
+def _keep_steps(path: Path, last: int) -> None:
+    """Drop the records of a JSONL log after step `last` (rank 0): a resumed run logs those steps again."""
+    if path.is_file():
+        keep = [line for line in path.read_text().splitlines(keepends=True)
+                if line.strip() and json.loads(line).get("step", 0) <= last]
+        tmp = path.with_suffix(".tmp")
+        tmp.write_text("".join(keep))
+        os.replace(tmp, path)
+
+
 def _resume(out: Path, cfg: TrainConfig, total: int, world: int, objective: Objective, opt, lr_sched) -> int:
     if not (out / STATE).is_file():
         raise ValueError(f"resume: no {STATE} in {out}")
     state = torch.load(out / STATE, map_location="cpu", weights_only=False)
-    saved = {**dataclasses.asdict(TrainConfig()), **state["config"]}  # keys added since the save take defaults
-    diff = [f"{k} ({saved[k]!r} saved, {getattr(cfg, k)!r} now)" for k in RESUME_KEYS if saved[k] != getattr(cfg, k)]
+    diff = _differences(state["config"], cfg, RESUME_KEYS)
+    saved = {**dataclasses.asdict(TrainConfig()), **state["config"]}
     if state["total"] != total:
         diff.append(f"schedule length ({state['total']} saved, {total} now)")
     saved_batch = saved["seqs_per_step"] * state["world"]
@@ -584,4 +641,7 @@ def _resume(out: Path, cfg: TrainConfig, total: int, world: int, objective: Obje
     random.setstate(state["rng"]["python"])
     if state["rng"]["cuda"] is not None and torch.cuda.is_available():
         torch.cuda.set_rng_state_all(state["rng"]["cuda"])
+    if not dist.is_initialized() or dist.get_rank() == 0:
+        for log in ("log.jsonl", "eval.jsonl"):
+            _keep_steps(out / log, state["step"])
     return state["step"]

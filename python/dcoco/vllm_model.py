@@ -10,6 +10,9 @@ request-major, (R*N, d)) through one of two model calls, and the corrector sits 
   when vLLM samples them or caches them as the proposal distribution ("probabilistic", adaptive verification).
   Either way vLLM's rejection sampler sees a point-mass proposal (q = 1 at the draft), which keeps verification
   exact at any temperature.
+- V1's probabilistic draft (draft_sample_method "probabilistic", a sampled request in the batch): the proposer's
+  draw is replaced by `sample_draft`, the corrector's sampled walk with its proposal q over the K candidates
+  (see _follow_sampling), so acceptance is the sum of min(p, q) again.
 The corrector runs as the vLLM custom op `dcoco_corrector`: `forward_native` is dcoco's native backend,
 `forward_cpu` / `forward_cuda` follow dcoco's backend choice (backend.py), and
 `--compilation-config '{"custom_ops": ["-dcoco_corrector"]}'` switches it to forward_native the way vLLM's own ops
@@ -17,8 +20,9 @@ are switched. It is on by default, also under inductor (where vLLM's own ops def
 compiled region, and the backend choice already picks native code where the fused kernel is not proven.
 
 Under tensor parallelism the target's embedding is a vocab-parallel shard on each rank: the full (V, d) table is
-gathered once, when vLLM shares it into the drafter at load time, and the vocabulary table of
-`Corrector.prepare_inference` is built from it there too, so eager and graph calls compute the same thing. (A
+gathered once (in chunks), when vLLM shares it into the drafter at load time, the vocabulary table of
+`Corrector.prepare_inference` is built from it there, and the gathered copy is freed: each rank keeps only the
+(V, r) table (table_only), so eager and graph calls compute the same thing. (A
 drafter with its own embedding prepares at its first forward: vLLM's eager start-up pass on a GPU.) Every rank
 then corrects the same gathered top-K, so drafts agree across ranks.
 The tensor work of both hooks (top-K, the corrector call, the hand-back) is in hook.py, which imports no vLLM.
@@ -26,6 +30,7 @@ Imported by vLLM only (the plugin names it lazily)."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import weakref
 from collections.abc import Iterable
@@ -71,7 +76,9 @@ class CorrectorOp(CustomOp):
         super().__init__(enforce_enable=f"-{OP_NAME}" not in get_cached_compilation_config().custom_ops)
         self.selection = selection
         self._corrector = [corrector]  # a plain reference, so the corrector's weights stay the model's
-        self.embed: torch.Tensor | None = None  # the full (V, d) target embedding, set by the model once loaded
+        # the full (V, d) target embedding (a view of the shared one), set by the model once loaded; None under TP,
+        # where the corrector keeps only its vocabulary table (a table-only preparation)
+        self.embed: torch.Tensor | None = None
 
     def forward_native(self, hidden, cand_ids, cand_logits):
         with backend.use_backend("native"):
@@ -85,6 +92,12 @@ class CorrectorOp(CustomOp):
 
     def _tokens(self, hidden, cand_ids, cand_logits):
         return hook.tokens(self._corrector[0], self.embed, self.selection, hidden, cand_ids, cand_logits)
+
+    def sampled(self, hidden, cand_ids, cand_logits, temperature):
+        """hook.sampled on the backend this op runs (forward_native: the native one)."""
+        native = self._forward_method.__func__ is CorrectorOp.forward_native
+        with backend.use_backend("native") if native else contextlib.nullcontext():
+            return hook.sampled(self._corrector[0], self.embed, hidden, cand_ids, cand_logits, temperature)
 
 
 _LIVE: "weakref.WeakSet[DFlashDCOCOForCausalLM]" = weakref.WeakSet()  # this process's drafters
@@ -108,6 +121,29 @@ def _follow_reloads() -> None:
     gpu_worker.Worker.reload_weights = reload_weights
 
 
+def _follow_sampling() -> None:
+    """Make V1's proposer draw probabilistic drafts from the corrector's sampled walk. V1 samples every draft row on
+    its own from softmax(logits / T) and caches that softmax as the proposal q, so no logits we could hand back give
+    both a coherent walk and its q. For a model that walks (ours, see sample_draft), under draft_sample_method
+    "probabilistic" with a sampled request in the batch, the proposer takes its tokens and q from it instead. Once
+    per process; other models and greedy batches keep vLLM's own draw."""
+    from vllm.v1.spec_decode.llm_base_proposer import SpecDecodeBaseProposer
+
+    draw = SpecDecodeBaseProposer._sample_draft_tokens
+    if getattr(draw, "dcoco", False):
+        return
+
+    def _sample_draft_tokens(proposer, hidden_states, sampling_metadata):
+        model = proposer.model
+        if not getattr(model, "walks", False) or not proposer._enable_probabilistic_draft_probs or \
+                sampling_metadata.all_greedy:
+            return draw(proposer, hidden_states, sampling_metadata)
+        return model.sample_draft(hidden_states, sampling_metadata.temperature,
+                    lambda logits: proposer._sample_from_logits(logits, sampling_metadata))
+    _sample_draft_tokens.dcoco = True
+    SpecDecodeBaseProposer._sample_draft_tokens = _sample_draft_tokens
+
+
 def _capturing() -> bool:
     return torch.cuda.is_available() and torch.cuda.is_current_stream_capturing()
 
@@ -124,6 +160,8 @@ class DFlashDCOCOForCausalLM(DFlashQwen3ForCausalLM):
         dmc = self.draft_model_config
         dc = _dcoco_config(self.config, dmc.model, dmc.revision)
         self.corrector: Corrector | None = None
+        self.walks = False
+        self._ready = False  # the corrector's table prepared from the target's embedding
         if dc is None:
             logger.warning("dcoco: %s has no dcoco_config; serving it as plain DFlash (corrector off)", dmc.model)
             return
@@ -142,6 +180,8 @@ class DFlashDCOCOForCausalLM(DFlashQwen3ForCausalLM):
         # a proposal distribution is read from the draft logits (sampled drafts, adaptive verification's estimator)
         self.point_mass = spec.draft_sample_method == "probabilistic" or bool(
             getattr(spec, "enable_adaptive_verification", False))
+        # V1 under probabilistic drafts: the sampled walk and its proposal instead (sample_draft, _follow_sampling)
+        self.walks = spec.draft_sample_method == "probabilistic" and dc["selection"] == "greedy"
         # float32 whatever vLLM's dtype: the op upcasts any weight dtype, and bf16 weights would cost accuracy
         self.corrector = Corrector(self.config.hidden_size, dc["num_candidates"], dc["width"],
                                    dc["mlp_hidden"]).float()
@@ -150,6 +190,8 @@ class DFlashDCOCOForCausalLM(DFlashQwen3ForCausalLM):
         self._watch_embedding()
         _LIVE.add(self)
         _follow_reloads()
+        if self.walks:
+            _follow_sampling()
         logger.info("dcoco: corrector on (K=%d, width=%d, mlp_hidden=%d, selection=%s), %d drafted slots, "
                     "custom op %s runs %s", dc["num_candidates"], dc["width"], dc["mlp_hidden"], dc["selection"],
                     self.num_slots, OP_NAME, self.corrector_op._forward_method.__name__)
@@ -203,7 +245,8 @@ class DFlashDCOCOForCausalLM(DFlashQwen3ForCausalLM):
             at = tensor_model_parallel_all_gather(ids[i:i + GATHER_ROWS], dim=0).long()
             keep = (at >= 0) & (at < V)
             full[at[keep]] = rows[keep]
-        logger.info("dcoco: gathered the target's embedding from %d ranks for the corrector (%.1f MB per rank)",
+        logger.info("dcoco: gathered the target's embedding from %d ranks for the corrector's table (%.1f MB per "
+                    "rank, freed once the table is built)",
                     emb.tp_size, full.numel() * full.element_size() / 2 ** 20)
         return full
 
@@ -222,9 +265,9 @@ class DFlashDCOCOForCausalLM(DFlashQwen3ForCausalLM):
         self._watch = handle
 
     def prepare(self, emb=None) -> None:
-        """Once, eagerly, before any graph: the full embedding and the corrector's vocabulary table. emb: the
+        """Once, eagerly, before any graph: the corrector's vocabulary table from the full embedding. emb: the
         embedding module being shared in (default: the drafter's own, when vLLM shared none)."""
-        if self.corrector is None or (emb is None and self.corrector_op.embed is not None):
+        if self.corrector is None or (emb is None and self._ready):
             return
         self._watch.remove()
         if _capturing():
@@ -233,16 +276,18 @@ class DFlashDCOCOForCausalLM(DFlashQwen3ForCausalLM):
         self._prepare_from(self.model.embed_tokens if emb is None else emb)
 
     def _prepare_from(self, emb) -> None:
-        embed, old = self._full_embedding(emb), self.corrector_op.embed
-        if old is not None and old.shape == embed.shape and old.data_ptr() != embed.data_ptr():
-            embed = old.copy_(embed)  # a gathered copy: refilled in place, where captured graphs read it
-        self.corrector_op.embed = embed
-        self.corrector.prepare_inference(embed)  # the walk gathers its rows; so does the native grid of the path rules
+        """The table (refilled in place when there was one: captured graphs read it). On one rank the corrector
+        keeps the shared embedding, a view; under TP only the table, and the gathered copy is freed on return."""
+        embed = self._full_embedding(emb)
+        gathered = emb.tp_size > 1
+        self.corrector.prepare_inference(embed, table_only=gathered)
+        self.corrector_op.embed = None if gathered else embed
+        self._ready = True
 
     def refresh(self) -> None:
         """Rebuild the corrector's vocabulary table from the current embedding, in place (the tensors captured CUDA
         graphs read), after the weights changed: vLLM's in-place reload calls it (see _follow_reloads)."""
-        if self.corrector is not None and self.corrector_op.embed is not None:
+        if self.corrector is not None and self._ready:
             self._prepare_from(self.model.embed_tokens)
             logger.info("dcoco: the corrector's vocabulary table was rebuilt after a weight reload")
 
@@ -304,6 +349,24 @@ class DFlashDCOCOForCausalLM(DFlashQwen3ForCausalLM):
         with torch.profiler.record_function(HOOK):
             return hook.on_logits(lambda *a: self.correct(*a, slots), hidden_states, logits,
                                   self.corrector.num_candidates, self.point_mass)
+
+    def sample_draft(self, hidden_states: torch.Tensor, temperature: torch.Tensor, plain):
+        """V1's probabilistic draft (see _follow_sampling): tokens (rows,) drawn by the corrector's sampled walk at
+        each request's temperature (R,) (below vLLM's 1e-5: greedy), and their proposal (rows, V) float32, zero off
+        each slot's K candidates. plain(logits) -> (tokens, probs) is vLLM's own draw, used when the corrector does
+        not apply to the call (dynamic speculation's odd calls, dummy shapes)."""
+        logits = super().compute_logits(hidden_states)
+        slots = None if logits is None else self._slots(logits.shape[0])
+        if slots is None:
+            return plain(logits)
+        with torch.profiler.record_function(HOOK):
+            ids, values = hook.candidates(logits, self.corrector.num_candidates)
+            R, K = ids.shape[0] // slots, ids.shape[1]
+            t = torch.where(temperature < 1e-5, 0.0, temperature.float())
+            with torch.profiler.record_function(OP_NAME):
+                tokens, q = self.corrector_op.sampled(hidden_states.view(R, slots, -1), ids.view(R, slots, K),
+                                                      values.view(R, slots, K), t)
+            return tokens.view(-1), hook.proposal(ids, q.view(-1, K), logits.shape[-1])
 
     def get_top_tokens(self, hidden_states: torch.Tensor) -> torch.Tensor:
         slots = self._slots(hidden_states.shape[0])

@@ -1,0 +1,161 @@
+"""Faults a careful user meets: broken checkpoint files, values a checkpoint cannot hold, a stale or
+inference-mode vocabulary table, narrowed labels, out-of-vocabulary ids, and CLI errors that come early and in one
+line. Each case is written here with its own inputs."""
+
+from __future__ import annotations
+
+import json
+import pytest
+import torch
+from safetensors.torch import load_file, save_file
+
+from dcoco import Corrector, checkpoint, cli, correction_loss
+from dcoco.dflash import DFlashConfig, DFlashDrafter
+
+V, D = 96, 32
+
+
+def _drafter(seed: int = 0) -> DFlashDrafter:
+    torch.manual_seed(seed)
+    return DFlashDrafter(DFlashConfig(hidden_size=D, intermediate_size=64, num_hidden_layers=1, num_attention_heads=2,
+                                      num_key_value_heads=1, vocab_size=V, mask_token_id=V - 1, target_layer_ids=[0, 1],
+                                      num_target_layers=2, block_size=4, rope_theta=10000.0))
+
+
+@pytest.fixture
+def saved(tmp_path):
+    """A DCOCO checkpoint with a trained-looking corrector."""
+    c = Corrector(D, num_candidates=8, width=16, mlp_hidden=32)
+    torch.nn.init.normal_(c.mlp[2].weight)
+    checkpoint.save(tmp_path / "ck", _drafter(), c)
+    return tmp_path / "ck"
+
+
+def _rewrite(path, edit) -> None:
+    t = load_file(str(path / "model.safetensors"))
+    edit(t)
+    save_file(t, str(path / "model.safetensors"), metadata={"format": "pt"})
+
+
+@pytest.mark.parametrize("damage", ["truncated", "garbage"])
+def test_a_broken_safetensors_file_is_named_everywhere(saved, tmp_path, damage, capsys):
+    f = saved / "model.safetensors"
+    data = f.read_bytes()
+    f.write_bytes(data[: len(data) // 2] if damage == "truncated" else b"\x07" * 64)
+    with pytest.raises(ValueError, match=rf"{f}: not a readable safetensors file"):
+        checkpoint.load(saved)
+    with pytest.raises(SystemExit) as e:  # the CLI: one line naming the file
+        cli.main(["export", str(saved), str(tmp_path / "out")])
+    assert str(e.value).startswith("dcoco export: ") and str(f) in str(e.value) and "\n" not in str(e.value)
+
+
+def test_a_broken_config_is_named(saved):
+    (saved / "config.json").write_text('{"architectures": [')
+    with pytest.raises(ValueError, match=rf"{saved / 'config.json'}: cannot read it as JSON"):
+        checkpoint.load(saved)
+    (saved / "config.json").write_text("[1, 2]")
+    with pytest.raises(ValueError, match="expected a JSON object"):
+        checkpoint.load(saved)
+
+
+@pytest.mark.parametrize("name", ["corrector.mlp.2.weight", "fc.weight"])
+def test_non_finite_weights_are_refused_at_load_naming_the_tensor(saved, name):
+    def poison(t):
+        t[name] = t[name].clone()
+        t[name].view(-1)[3] = float("nan")
+    _rewrite(saved, poison)
+    with pytest.raises(ValueError, match=rf"tensor {name} holds 1 non-finite value"):
+        checkpoint.load(saved)
+
+
+def test_an_integer_stored_weight_is_refused(saved):
+    _rewrite(saved, lambda t: t.update({"corrector.pair_proj.weight": t["corrector.pair_proj.weight"].int()}))
+    with pytest.raises(ValueError, match="corrector.pair_proj.weight is stored as int32; expected a floating"):
+        checkpoint.load(saved)
+
+
+def test_export_refuses_what_the_narrower_dtype_cannot_hold(saved, tmp_path):
+    d, c = checkpoint.load(saved)
+    with torch.no_grad():
+        c.mlp[0].bias[0] = 1e5  # beyond float16's 65504
+    checkpoint.save(tmp_path / "big", d, c, dtype=torch.float32)
+    with pytest.raises(SystemExit, match=r"dcoco export: tensor corrector.mlp.0.bias: .* do not fit float16"):
+        cli.main(["export", str(tmp_path / "big"), str(tmp_path / "half"), "--dtype", "float16"])
+    assert not (tmp_path / "half" / "model.safetensors").exists()
+    assert cli.main(["export", str(tmp_path / "big"), str(tmp_path / "bf"), "--dtype", "bfloat16"]) == 0
+    with torch.no_grad():
+        c.mlp[0].bias[0] = float("inf")
+    with pytest.raises(ValueError, match="non-finite values"):
+        checkpoint.save(tmp_path / "inf", d, c)
+
+
+def test_an_out_that_is_a_file_is_one_line(saved, tmp_path):
+    (tmp_path / "file").write_text("x")
+    with pytest.raises(SystemExit) as e:
+        cli.main(["export", str(saved), str(tmp_path / "file")])
+    assert str(e.value).startswith("dcoco export: ") and "\n" not in str(e.value)
+
+
+@pytest.mark.parametrize("made_inside", ["embedding", "corrector", "both"])
+def test_prepare_inference_under_inference_mode(made_inside):
+    torch.manual_seed(2)
+    inside = torch.inference_mode()
+    with inside if made_inside in ("corrector", "both") else torch.no_grad():
+        c = Corrector(D, 8, 16, 32)
+        torch.nn.init.normal_(c.mlp[2].weight)
+    with inside if made_inside in ("embedding", "both") else torch.no_grad():
+        E = torch.randn(V, D)
+    h, ids, lg = torch.randn(2, 4, D), torch.randint(0, V, (2, 4, 8)), torch.randn(2, 4, 8)
+    want = c(h, ids, lg, E)[0]
+    with torch.inference_mode():
+        c.prepare_inference(E)
+        assert torch.equal(c(h, ids, lg, E)[0], want)
+
+
+def test_labels_are_never_narrowed():
+    """int64 labels of id + 2^32 must not match id among int32 candidates."""
+    R, B, K = 2, 4, 6
+    ids = torch.arange(R * B * K, dtype=torch.int32).view(R, B, K)
+    labels = ids[..., 2].long()
+    scores = torch.randn(R, B - 1, K, K)
+    valid = torch.ones(R, B, dtype=torch.bool)
+    hit = correction_loss(scores, ids, labels, valid)
+    miss = correction_loss(scores, ids, labels + 2 ** 32, valid)
+    assert float(hit) > 0 and float(miss) == 0  # no label in the top-K: no term
+
+
+def test_an_out_of_vocabulary_anchor_is_named():
+    d = _drafter()
+    with pytest.raises(ValueError, match=rf"anchor_ids: expected token ids in \[0, {V}\)"):
+        d.draft(torch.tensor([3, V]), torch.randn(2, 5, 2 * D), torch.randn(V, D))
+
+
+def test_eval_checks_its_drafter_and_options_before_loading_the_target(saved, tmp_path, monkeypatch):
+    from dcoco import recipe
+
+    monkeypatch.setattr(recipe, "load_target", lambda *a, **k: pytest.fail("the target was loaded first"))
+    (tmp_path / "s.jsonl").write_text(json.dumps({"turns": ["hi"]}) + "\n")
+    base = ["eval", "--suites", str(tmp_path / "s.jsonl"), "--no-progress", "--out", str(tmp_path / "ev")]
+    with pytest.raises(SystemExit, match="dcoco eval: num_candidates: expected an integer in"):
+        cli.main([*base, "--drafter", str(saved), "--candidates", "0"])
+    with pytest.raises(SystemExit, match="dcoco eval: lam: expected a finite number"):
+        cli.main([*base, "--drafter", str(saved), "--lam", "inf"])
+    with pytest.raises(SystemExit, match="dcoco eval: path: no config.json"):
+        cli.main([*base, "--drafter", str(tmp_path / "nowhere")])
+
+
+def test_bench_preflight_waits_the_users_timeout(tmp_path, monkeypatch):
+    """The preflight's requests wait --timeout (when under 30 s), not a fixed 30 s: recorded, not timed."""
+    import httpx
+
+    waits = []
+
+    async def get(self, url, timeout=None, **kw):
+        waits.append(timeout)
+        raise httpx.ReadTimeout("no answer")
+    monkeypatch.setattr(httpx.AsyncClient, "get", get)
+    (tmp_path / "s.jsonl").write_text(json.dumps({"turns": ["hi"]}) + "\n")
+    with pytest.raises(SystemExit, match="cannot reach --endpoint"):
+        cli.main(["bench", "--endpoint", "http://127.0.0.1:9", "--model", "m", "--out", str(tmp_path / "b"),
+                  "--suites", str(tmp_path / "s.jsonl"), "--timeout", "3", "--no-progress"])
+    assert waits and all(w == 3.0 for w in waits)
