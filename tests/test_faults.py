@@ -159,3 +159,29 @@ def test_bench_preflight_waits_the_users_timeout(tmp_path, monkeypatch):
         cli.main(["bench", "--endpoint", "http://127.0.0.1:9", "--model", "m", "--out", str(tmp_path / "b"),
                   "--suites", str(tmp_path / "s.jsonl"), "--timeout", "3", "--no-progress"])
     assert waits and all(w == 3.0 for w in waits)
+
+
+def test_data_writes_are_the_documented_blind_spot_of_the_staleness_check():
+    """`.data` writes bypass autograd's version counter, so the check cannot see them (README, API notes): the
+    stale table stays in use until prepare_inference runs again, which then matches the unprepared result."""
+    torch.manual_seed(3)
+    c = Corrector(D, 8, 16, 32)
+    torch.nn.init.normal_(c.mlp[2].weight)
+    E, h = torch.randn(V, D), torch.randn(2, 4, D)
+    ids, lg = torch.randint(0, V, (2, 4, 8)), torch.randn(2, 4, 8)
+    with torch.no_grad():
+        c.prepare_inference(E)
+        c.cand_proj.weight.data.copy_(torch.randn_like(c.cand_proj.weight))  # behind the counter's back
+        assert c.prepared  # not noticed
+        fresh = Corrector(D, 8, 16, 32)
+        fresh.load_state_dict(c.state_dict())
+        want = fresh(h, ids, lg, E)[1]
+        c.prepare_inference(E)
+        assert torch.equal(c(h, ids, lg, E)[1], want)
+
+
+def test_a_huge_lam_is_taken():
+    from dcoco import select
+
+    s, f = torch.randn(1, 14, 16, 16), torch.randn(1, 16)
+    assert select(s, f, "geometric", 1e300).shape == (1, 15)

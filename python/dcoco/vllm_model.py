@@ -133,11 +133,12 @@ def _follow_sampling() -> None:
     if getattr(draw, "dcoco", False):
         return
 
-    def _sample_draft_tokens(proposer, hidden_states, sampling_metadata):
+    def _sample_draft_tokens(proposer, hidden_states, sampling_metadata, *args, **kwargs):
+        # *args, **kwargs: later vLLMs add a draft-step index (spec_step_idx), 0 for DFlash's one-pass block
         model = proposer.model
         if not getattr(model, "walks", False) or not proposer._enable_probabilistic_draft_probs or \
                 sampling_metadata.all_greedy:
-            return draw(proposer, hidden_states, sampling_metadata)
+            return draw(proposer, hidden_states, sampling_metadata, *args, **kwargs)
         return model.sample_draft(hidden_states, sampling_metadata.temperature,
                     lambda logits: proposer._sample_from_logits(logits, sampling_metadata))
     _sample_draft_tokens.dcoco = True
