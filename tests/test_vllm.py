@@ -163,7 +163,8 @@ def test_plugin_registers_idempotently():
 def test_dcoco_greedy_is_lossless_and_counted(plain_greedy, served):
     s = served
     assert s["ready"] == {"name": "DFlashDCOCOForCausalLM", "corrector": True, "prepared": True, "embed_rows": V,
-                          "table_rows": V, "method": "forward_cpu", "point_mass": False, "walks": False, "weight": s["ready"]["weight"]}
+                          "table_rows": V, "method": "forward_cpu", "point_mass": False, "walks": False,
+                          "weight": s["ready"]["weight"]}
     assert s["ready"]["weight"] > 0  # the checkpoint's corrector, loaded
     assert s["tokens"] == plain_greedy
     assert s["log"]["entries"] == ["compute_logits"] and len(s["log"]["drafts"]) > 0  # vLLM drafted through it

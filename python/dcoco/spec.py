@@ -146,8 +146,9 @@ class Engine:
     + dcoco.select with weight lam); num_candidates: K, the top-K per slot the corrector chooses from.
     eos_token_id: int, list, None (never stop) or "auto" (the target config's).
     draft_sample_method (what sampled decoding, temperature > 0, drafts): "greedy" drafts as at temperature 0
-    and verifies a point-mass proposal (q = 1 at the draft: what the vLLM plugin hands vLLM); "probabilistic"
-    samples the walk, each slot's token from softmax(S / T) over its K candidates given the previous pick
+    and verifies a point-mass proposal (q = 1 at the draft: what vLLM verifies for greedy drafts, and on V2
+    for the plugin's probabilistic ones); "probabilistic" samples the walk (dcoco.select.sample, what the plugin
+    serves on V1), each slot's token from softmax(S / T) over its K candidates given the previous pick
     (slot 1: softmax(l_1 / T); without a corrector every slot's own softmax(l / T)), and verifies that sparse
     proposal (accept with min(1, p/q), else sample max(p - q, 0) renormalised). Corrector rule "greedy" only."""
 

@@ -7,9 +7,9 @@ request-major, (R*N, d)) through one of two model calls, and the corrector sits 
 - `compute_logits` (every other configuration): vLLM takes logits and then an argmax, or a sample. The top-K is
   taken on the logits in their own dtype, and the choice is written into them in place: +inf at the corrected
   token when only an argmax reads them (draft_sample_method "greedy"), or a point mass (0 there, -inf elsewhere)
-  when vLLM samples them or caches them as the proposal distribution ("probabilistic", adaptive verification).
-  Either way vLLM's rejection sampler sees a point-mass proposal (q = 1 at the draft), which keeps verification
-  exact at any temperature.
+  when vLLM samples them or caches them as the proposal distribution (V2's "probabilistic", adaptive
+  verification). Either way vLLM's rejection sampler sees a point-mass proposal (q = 1 at the draft), which
+  keeps verification exact at any temperature.
 - V1's probabilistic draft (draft_sample_method "probabilistic", a sampled request in the batch): the proposer's
   draw is replaced by `sample_draft`, the corrector's sampled walk with its proposal q over the K candidates
   (see _follow_sampling), so acceptance is the sum of min(p, q) again.
