@@ -49,10 +49,16 @@ def _argv(dirs, out: Path, *extra: str) -> list[str]:
                            "--log-every", "1", "--save-dtype", "float32", *extra)
 
 
+def _default_sigint() -> None:
+    # a job started in the background by a non-interactive shell (CI) inherits SIGINT ignored, and Python then
+    # installs no KeyboardInterrupt handler: give the run the default a terminal user's run has
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 def _run(argv: list[str], **kw) -> subprocess.Popen:
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
     return subprocess.Popen([sys.executable, "-m", "dcoco.cli", *argv], env=env, stdout=subprocess.DEVNULL,
-                            stderr=subprocess.PIPE, text=True, **kw)
+                            stderr=subprocess.PIPE, text=True, preexec_fn=_default_sigint, **kw)
 
 
 def _logged(out: Path) -> int:
