@@ -305,23 +305,17 @@ def _train(argv: list[str], args: argparse.Namespace) -> int:
     needs --resume or --overwrite."""
     from . import recipe
 
-    stages, given = [{}], _given_out(argv)
-    try:
-        if args.config:
-            args, stages = recipe_options(args.config, argv[argv.index("train") + 1:])
-        runs = _stage_runs(args, stages or [{}], given)
-    except ValueError as e:
-        raise SystemExit(f"dcoco train: {e}") from None
+    stages, given = [{}], _given_out(argv)  # a ValueError here or below: main's one line, "dcoco train: ..."
+    if args.config:
+        args, stages = recipe_options(args.config, argv[argv.index("train") + 1:])
+    runs = _stage_runs(args, stages or [{}], given)
     plans, n = [], len(runs)
     for i, (a, cfg, kw) in enumerate(runs):
         if a.dry_run:
             plans.append(_dry_run(a, cfg, kw))
             continue
         if args.config:
-            try:
-                state = _stage_state(cfg, args.overwrite)
-            except ValueError as e:
-                raise SystemExit(f"dcoco train: {e}") from None
+            state = _stage_state(cfg, args.overwrite)
             if os.environ.get("RANK", "0") == "0":  # torchrun: one line, not one per rank
                 print(f"dcoco train: stage {i + 1}/{n} ({a.mode}, {a.out})" + (": done, skipped" if state == "done"
                                                                                else ": resumed" if state == "resume"
@@ -329,10 +323,7 @@ def _train(argv: list[str], args: argparse.Namespace) -> int:
             if state == "done":
                 continue
             cfg = dataclasses.replace(cfg, resume=state == "resume", overwrite=state == "fresh" and args.overwrite)
-        try:
-            recipe.run(cfg, **kw)
-        except ValueError as e:
-            raise SystemExit(f"dcoco train: {e}") from None
+        recipe.run(cfg, **kw)
     if args.dry_run and args.plan_json:
         from pathlib import Path
 
