@@ -78,7 +78,7 @@ def chain_cache(n: int, seed: int) -> dict[str, torch.Tensor]:
         prev = target[:, t]
     vals = torch.randn(n, B, K, generator=g).sort(-1, descending=True).values
     hidden = 1 + 0.3 * torch.randn(n, B, D, generator=g)  # drafter states share a mean direction, as real ones do
-    return {"hidden": hidden.bfloat16(), "cand_ids": ids.int(), "cand_logits": vals,
+    return {"hidden": hidden, "cand_ids": ids.int(), "cand_logits": vals,
             "anchor_ids": anchor, "target": target, "valid": torch.ones(n, B, dtype=torch.bool)}
 
 

@@ -144,8 +144,13 @@ def test_shortlisted_loss_learns_and_evaluates_on_the_whole_head(target, corpus)
     _learns_a_repeated_batch(obj, corpus, embed, head)
     batch = Schedule(corpus, 0, 2, 8, 0, 1).batch(0)
     with torch.no_grad():  # evaluation: the loss over every row of the head, as without a shortlist
-        whole = Objective(drafter, None, small(mode="drafter"))(batch, embed, head)["dflash"]
-        assert torch.equal(obj(batch, embed, head)["dflash"], whole)
+        whole = Objective(drafter, None, small(mode="drafter"))(batch, embed, head)
+        assert torch.equal(obj(batch, embed, head)["dflash"], whole["dflash"])
+        assert torch.equal(obj(batch, embed, head)["tau_dflash"], whole["tau_dflash"])
+    # a training step's tau is the shortlist's top-1 (its rows plus the batch's labels): logged apart, never as
+    # the drafter's tau_dflash
+    out = obj(batch, embed, head)
+    assert "tau_shortlist" in out and "tau_dflash" not in out and float(out["tau_shortlist"]) > 0
     with pytest.raises(ValueError, match="loss_vocab"):
         TrainConfig(mode="joint", loss_vocab=20)
 
@@ -495,3 +500,20 @@ def test_schedule_depends_on_the_global_batch_only(corpus):
         for i, half in enumerate(halves):  # rank r gets sequence r of the global batch, with the same anchors
             assert torch.equal(half["ids"][0, :b["ids"].shape[1]], b["ids"][i, :half["ids"].shape[1]])
             assert torch.equal(half["anchors"][0], b["anchors"][i, :half["anchors"].shape[1]])
+
+
+def test_frozen_cache_keeps_what_evaluation_feeds(target, corpus):
+    """The frozen correctors' cached hidden states are the drafter's float32 outputs, as the engine feeds them."""
+    from dcoco import frozen as frozen_mod
+
+    embed, head = frozen(target)
+    torch.manual_seed(0)
+    drafter = DFlashDrafter(drafter_cfg(target)).eval()
+    cache = frozen_mod.build(drafter, corpus, embed, head, num_candidates=8, anchors=4, progress=False)
+    assert cache["hidden"].dtype == torch.float32
+    s = corpus[0]
+    a = sample_anchors(s["response"], 4, frozen_mod._gen(0, 0))
+    with torch.no_grad():
+        h = drafter(s["ids"][None].long(), s["hidden"][None], a[None], embed)[0, :, 1:]
+    assert torch.equal(cache["hidden"][:len(a)], h)
+

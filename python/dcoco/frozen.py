@@ -26,7 +26,7 @@ KEYS = ("hidden", "cand_ids", "cand_logits", "anchor_ids", "target", "valid")
 def build(drafter: DFlashDrafter, data: Corpus, embed: torch.Tensor, head: torch.Tensor, num_candidates: int = 16,
           anchors: int = 64, seed: int = 0, path: str | Path | None = None,
           progress: bool = True) -> dict[str, torch.Tensor]:
-    """{KEYS: tensors over every cached block}: hidden (N,B,d) bfloat16, cand_ids / cand_logits (N,B,K) (rank
+    """{KEYS: tensors over every cached block}: hidden (N,B,d) float32 (what evaluation feeds), cand_ids / cand_logits (N,B,K) (rank
     order), anchor_ids (N,), target (N,B) the verifier's token at each slot, valid (N,B) inside the response.
     Up to `anchors` anchors per sequence (seeded). Loaded from / written to path (.safetensors) when given."""
     from tqdm.auto import tqdm
@@ -46,7 +46,7 @@ def build(drafter: DFlashDrafter, data: Corpus, embed: torch.Tensor, head: torch
         h, top = h.cpu(), [x.cpu() for x in top]
         pos = a[:, None] + torch.arange(1, B + 1)
         at = pos.clamp(max=S - 1)
-        parts["hidden"].append(h.to(torch.bfloat16))
+        parts["hidden"].append(h.float())
         parts["cand_logits"].append(top[0])
         parts["cand_ids"].append(top[1].int())
         parts["anchor_ids"].append(s["ids"][a].long())
