@@ -7,8 +7,8 @@ import pytest
 
 pytest.importorskip("transformers", reason="the demo extra is not installed (pip install '.[demo]')")
 
-KEYS = ("tau_target_only", "tau_dflash", "tau_dcoco", "tau_oracle_prefix_first", "tps_target_only", "tps_dflash",
-        "tps_dcoco", "coverage")
+KEYS = ("tau_target_only", "tau_dflash", "tau_dcoco", "tau_dcoco_frozen", "tau_dcoco_joint", "tau_oracle_prefix_first",
+        "tps_target_only", "tps_dflash", "tps_dcoco", "coverage")
 
 
 @pytest.mark.slow
@@ -30,7 +30,21 @@ def test_demo_smoke_trains_evaluates_and_caches(tmp_path, monkeypatch):
         assert (tmp_path / "out" / f"demo-smollm2-smoke-{suffix}.png").stat().st_size > 0
     work = tmp_path / "cache" / "demo-smoke"
     assert {s: v["steps"] for s, v in res["training"].items()} == \
-        {"dflash": 3, "dflash-long": 2, "dcoco-drafter": 2, "corrector": 2, "dflash2": 2}
+        {"dflash": 3, "dflash-long": 2, "corrector": 2, "dflash2": 2, "dcoco-drafter": 2, "online": 2}
+    # a "joint" row co-trains its drafter; the corr_grad 0 control is named the online corrector it is
+    joint, online = res["training"]["dcoco-drafter"]["recipe"], res["training"]["online"]["recipe"]
+    assert joint["corr_grad"] == h["joint_corr_grad"] > 0 and online["corr_grad"] == 0
+    assert joint["from"] == online["from"] == res["training"]["dflash-long"]["recipe"]  # warm: the baseline drafter
+    assert joint["corrector_from"] == res["training"]["corrector"]["recipe"]           # and the frozen corrector
+    assert h["dcoco"] == ("DCOCO joint greedy" if demo.HEADLINE == "joint" else demo.FROZEN)
+    for ratio, ci in (("frozen_over_dflash", "frozen_ci"), ("joint_over_dflash", "joint_ci"),
+                      ("joint_over_frozen", "joint_over_frozen_ci"), ("joint_over_online", "joint_over_online_ci"),
+                      ("joint_over_dflash_continued", "joint_over_dflash_continued_ci")):
+        assert h[f"tau_ratio_{ci}"][0] <= h[f"tau_ratio_{ratio}"] <= h[f"tau_ratio_{ci}"][1]
+    assert set(res["co_adaptation"]) == {"frozen drafter (dflash-long)", "joint drafter (dcoco-drafter)",
+                                         "online control's drafter (online)"}
+    assert all(len(r["top1_per_slot"]) == demo.BLOCK - 1 for r in res["co_adaptation"].values())
+    assert "tau_shortlist" in json.loads((work / "dflash" / "log.jsonl").read_text().splitlines()[0])
     assert {v["mode"] for v in res["training"].values()} == {"drafter", "joint", "frozen drafter, cached outputs"}
     drafter, corrector = checkpoint.load(work / "dcoco-drafter")  # the serving layout, corrector included
     assert corrector is not None and drafter.config.block_size == demo.BLOCK

@@ -3,14 +3,16 @@ CPU or GPU.
 
 1. corpus: the target's own greedy responses shipped as token ids (data/smollm2-corpus.npz, made by
    scripts/make_demo_corpus.py); one teacher-forced target pass computes features and labels here.
-2. DFlash: a drafter trained alone, `steps` steps of the DFlash loss over a shortlist (LOSS_VOCAB).
-3. DCOCO, the paper's recipe: that drafter trained on jointly with a fresh corrector for `joint_steps` more
-   steps; L_corr's gradient into the drafter is weighted by JOINT_CORR_GRAD (0: measured best at this size).
-   The DFlash baseline gets the same budget: the same drafter trained on alone for `joint_steps` more steps
-   (dflash-long), so extra training is not credited to the corrector. Both use the whole LM head.
-4. corrector and dflash2: on the frozen dflash-long drafter, one contract (frozen.py): the drafter's outputs are
+2. DFlash: a drafter trained alone, `steps` steps of the DFlash loss over a shortlist (LOSS_VOCAB), then
+   `long_steps` more over the whole LM head (dflash-long: the DFlash baseline).
+3. corrector and dflash2: on the frozen dflash-long drafter, one contract (frozen.py): the drafter's outputs are
    cached once over the corpus, then DCOCO's corrector (L_corr) and DFlash2's candidate selector (selector.py,
    the baseline corrector) train on them with the same steps, batch and optimizer.
+4. DCOCO joint, the schedule recipes/qwen3-8b-zlab.toml runs: the dflash-long drafter and the frozen-trained
+   corrector trained on together for `joint_steps` steps at JOINT_LR, L_corr's gradient into the drafter weighted
+   by JOINT_CORR_GRAD (dcoco-drafter). Its control, `online`: the same stage with that weight 0, so the drafter
+   is not co-trained (it is dflash-long trained on alone for as many steps: DFlash with the joint drafter's
+   budget) and the corrector keeps learning online. HEADLINE names the DCOCO the demo answers with.
 5. eval: prompts from rows of the paper's suites (shipped in data/suites) that no training prompt came from.
    tau, its ratios over DFlash with paired 95% bootstrap CIs, the oracles and teacher-forced coverage come from
    greedy decoding simulated exactly (simulate.py: one target pass per prompt, every method on sim_rows prompts
@@ -57,9 +59,10 @@ LAYERS, BLOCK = 3, 8  # 3 layers cost little next to the 49k-row LM head; 99% of
 # selector's codebook rank
 FROZEN_ANCHORS, FROZEN_BATCH, SELECTOR_RANK = 64, 256, 32
 DFLASH2 = "DFlash + DFlash2 selector (frozen drafter)"
-# the joint stage's weight of L_corr's gradient into the drafter: at this drafter size the paper's sum (1) makes
-# the drafter's own argmax worse (0.973x DFlash), 0 keeps it and gives DCOCO 1.015x (bench/joint_schedule.py)
-JOINT_CORR_GRAD = 0.0
+# the joint stage (step 4): L_corr's gradient weight into the drafter (1: the paper's sum) and its peak lr, half
+# the first stages' like the Qwen3-8B recipe's; bench/joint_study.py compares the choices
+JOINT_CORR_GRAD, JOINT_LR = 1.0, 3e-4
+HEADLINE = "joint"  # the DCOCO the headline reports: "joint" (co-adapted) or "frozen" (frozen-drafter corrector)
 # the first DFlash stage's loss: over the corpus's 4,096 most frequent response tokens plus each batch's labels,
 # half the CPU time of a step over all 49,152 rows; at one CPU budget that drafter reaches 1.077x the tau of the
 # full-vocabulary one (bench/levers.py), and the stage takes twice the steps for the same time. The later stages
@@ -70,9 +73,10 @@ LOSS_VOCAB = 4096
 @dataclasses.dataclass(frozen=True)
 class Size:
     sequences: int | None  # corpus sequences (None: all)
-    steps: int             # DFlash drafter steps from scratch
-    joint_steps: int       # then, from that drafter: joint DCOCO steps, and as many DFlash-only steps (baseline)
-    corrector_steps: int   # the corrector on the frozen baseline drafter
+    steps: int             # DFlash drafter steps from scratch, over the shortlist
+    long_steps: int        # then DFlash steps over the whole head: the baseline drafter
+    corrector_steps: int   # the corrector (and the selector) on the frozen baseline drafter
+    joint_steps: int       # then the baseline drafter and that corrector trained jointly (and the online control)
     suites: tuple[str, ...]
     rows: int              # evaluated prompts per suite
     max_new_tokens: int
@@ -86,9 +90,10 @@ class Size:
 
 ALL_SUITES = ("gsm8k", "math500", "aime25", "humaneval", "mbpp", "livecodebench", "mt-bench", "arena-hard-v2")
 SIZES = {  # rows / max_new_tokens: real decoding (tokens/s, losslessness); sim_*: the simulated tau with CIs
-    "smoke": Size(16, 3, 2, 2, ("gsm8k", "mbpp"), 1, 12, ("greedy",), 3, 16),
-    "default": Size(400, 400, 120, 150, ("gsm8k", "math500", "humaneval", "mt-bench"), 2, 48, ("greedy",), 32, 64),
-    "full": Size(None, 2600, 800, 1200, ALL_SUITES, 2, 64, ("greedy", "global", "geometric"), 32, 128),
+    "smoke": Size(16, 3, 2, 2, 2, ("gsm8k", "mbpp"), 1, 12, ("greedy",), 3, 16),
+    "default": Size(400, 400, 120, 150, 60, ("gsm8k", "math500", "humaneval", "mt-bench"), 2, 48, ("greedy",), 32,
+                    64),
+    "full": Size(None, 2600, 800, 1200, 400, ALL_SUITES, 2, 64, ("greedy", "global", "geometric"), 32, 128),
 }
 
 
@@ -115,10 +120,11 @@ def build_corpus(model, size: Size, progress: bool, taps: tuple[int, ...] = tupl
                                responses=[r for _, r in seqs])
 
 
-def recipe(cfg: TrainConfig, upstream: dict | None) -> dict:
-    """What a stage's result depends on: its training settings and the recipe of the stage it starts from."""
+def recipe(cfg: TrainConfig, upstream: dict | None, corrector_from: dict | None = None) -> dict:
+    """What a stage's result depends on: its training settings, the recipe of the stage its drafter starts from
+    and, for a warm-started corrector, the recipe of the one it starts from."""
     return {"mode": cfg.mode, "steps": cfg.steps, "loss_vocab": cfg.loss_vocab, "corr_grad": cfg.corr_grad,
-            "from": upstream}
+            "lr": cfg.lr, "warmup": cfg.warmup, "rho": cfg.rho, "from": upstream, "corrector_from": corrector_from}
 
 
 def _key(want: dict) -> str:
@@ -137,9 +143,10 @@ def finished(out: Path, want: dict) -> dict | None:
 
 
 def _stage(out: Path, cfg: TrainConfig, data: corpus.Corpus, embed, head, drafter, corrector=None,
-           progress: bool = True, upstream: dict | None = None) -> tuple[DFlashDrafter, Corrector | None, dict]:
+           progress: bool = True, upstream: dict | None = None,
+           corrector_from: dict | None = None) -> tuple[DFlashDrafter, Corrector | None, dict]:
     """Train once: a stage finished with this recipe (done.json) is loaded, an interrupted one resumed."""
-    want = recipe(cfg, upstream)
+    want = recipe(cfg, upstream, corrector_from)
     info = finished(out, want)
     if info is not None:
         d, c = checkpoint.load(out)
@@ -155,52 +162,79 @@ def _stage(out: Path, cfg: TrainConfig, data: corpus.Corpus, embed, head, drafte
     return res.drafter, res.corrector, info
 
 
+def stage_config(mode: str, steps: int, device: str, **kw) -> TrainConfig:
+    """A demo stage's TrainConfig: checkpoints in float32 (later stages and the evaluation reload them exactly)."""
+    return TrainConfig(mode=mode, steps=steps, device=device, save_every=100, log_every=max(1, steps // 10),
+                       save_dtype="float32", **kw)
+
+
 def train_all(size: Size, work: Path, data: corpus.Corpus, model, tok, device: str, progress: bool) -> dict:
-    """{name: (drafter, corrector or selector, info)} for dflash (from scratch), dflash-long (dflash + joint_steps
-    DFlash-only steps: the baseline), dcoco-drafter (dflash + joint_steps joint steps with a fresh corrector), and
-    on the frozen dflash-long drafter's cached outputs (frozen.py, one contract): corrector (DCOCO, L_corr) and
-    dflash2 (DFlash2's selector), corrector_steps each. Training mutates its drafter, hence the copies."""
+    """{name: (drafter, corrector or selector, info)}: baseline_stages, then from dflash-long and the corrector
+    joint_steps joint steps: dcoco-drafter (JOINT_CORR_GRAD) and online (0). Training mutates its drafter and
+    corrector, hence the copies."""
+    out = baseline_stages(size, work, data, model, tok, device, progress)
+    base = out["dflash-long"]
+    embed, head = model.get_input_embeddings().weight.detach(), model.get_output_embeddings().weight.detach()
+    for name, weight in (("dcoco-drafter", JOINT_CORR_GRAD), ("online", 0.0)):
+        cfg = stage_config("joint", size.joint_steps, device, corr_grad=weight, lr=JOINT_LR)
+        out[name] = _stage(work / name, cfg, data, embed, head, copy.deepcopy(base[0]),
+                           copy.deepcopy(out["corrector"][1]), progress=progress, upstream=base[2]["recipe"],
+                           corrector_from=out["corrector"][2]["recipe"])
+    del out["caches"]  # the drafter outputs cached for the frozen stages: not needed past training
+    return out
+
+
+def baseline_stages(size: Size, work: Path, data: corpus.Corpus, model, tok, device: str, progress: bool) -> dict:
+    """{name: (drafter, corrector or selector, info)} for dflash (from scratch), dflash-long (dflash + long_steps
+    over the whole head: the baseline) and, on the frozen dflash-long drafter's cached outputs (frozen.py, one
+    contract), corrector (DCOCO, L_corr) and dflash2 (DFlash2's selector), corrector_steps each; "caches" holds
+    the cached outputs for more frozen stages."""
     embed = model.get_input_embeddings().weight.detach()
     head = model.get_output_embeddings().weight.detach()
     dcfg = drafter_config(model, tok, LAYERS, SMOLLM2_TAPS, BLOCK, smollm2.MASK_TOKEN_ID)
-
-    def cfg(mode, steps, loss_vocab=None):
-        return TrainConfig(mode=mode, steps=steps, device=device, save_every=100, log_every=max(1, steps // 10),
-                           corr_grad=JOINT_CORR_GRAD, loss_vocab=loss_vocab,
-                           save_dtype="float32")  # later stages and the evaluation reload these exactly
-
-    first = cfg("drafter", size.steps, LOSS_VOCAB)
+    first = stage_config("drafter", size.steps, device, loss_vocab=LOSS_VOCAB)
     out = {"dflash": _stage(work / "dflash", first, data, embed, head, dcfg, progress=progress)}
-    for name, mode in (("dflash-long", "drafter"), ("dcoco-drafter", "joint")):
-        out[name] = _stage(work / name, cfg(mode, size.joint_steps), data, embed, head,
-                           copy.deepcopy(out["dflash"][0]), progress=progress, upstream=out["dflash"][2]["recipe"])
-    base = out["dflash-long"][0]
-    cache = None
-    for name, make in (("corrector", lambda: Corrector(base.config.hidden_size)),
-                       ("dflash2", lambda: CandidateSelector(base.config.hidden_size, base.config.vocab_size,
+    out["dflash-long"] = _stage(work / "dflash-long", stage_config("drafter", size.long_steps, device), data, embed,
+                                head, copy.deepcopy(out["dflash"][0]), progress=progress,
+                                upstream=out["dflash"][2]["recipe"])
+    base, caches = out["dflash-long"], {}
+    for name, make in (("corrector", lambda: Corrector(base[0].config.hidden_size)),
+                       ("dflash2", lambda: CandidateSelector(base[0].config.hidden_size, base[0].config.vocab_size,
                                                              SELECTOR_RANK))):
-        want = {"frozen": name, "steps": size.corrector_steps, "from": out["dflash-long"][2]["recipe"]}
-        info = finished(work / name, want)
-        if info is not None:
-            out[name] = (base, _load_frozen(work / name), info)
-            continue
-        if cache is None:
-            t = time.monotonic()
-            cache = frozen.build(base.to(device).eval(), data, embed.to(device), head.to(device),
-                                 anchors=FROZEN_ANCHORS, path=work / f"drafts-{_key(want['from'])}.safetensors",
-                                 progress=progress)  # keyed by the drafter's recipe: a retrained one misses
-            cache_seconds = time.monotonic() - t
-        torch.manual_seed(0)
-        m = make()
-        info = {"mode": "frozen drafter, cached outputs", **frozen.train(m, cache, embed, size.corrector_steps,
-                                                                           FROZEN_BATCH, progress=progress),
-                "cached_blocks": len(cache["target"]), "cache_seconds": cache_seconds, "recipe": want,
-                "parameters": sum(p.numel() for p in m.parameters())}
-        (work / name).mkdir(parents=True, exist_ok=True)
-        save_file(m.state_dict(), str(work / name / "model.safetensors"))
-        (work / name / "done.json").write_text(json.dumps(info, indent=2) + "\n")
-        out[name] = (base, m, info)
+        out[name] = frozen_stage(work / name, make, size.corrector_steps, base, data, embed, head, device, caches,
+                                 progress)
+    out["caches"] = caches
     return out
+
+
+def frozen_stage(out: Path, make, steps: int, base: tuple, data: corpus.Corpus, embed, head, device: str,
+                 caches: dict, progress: bool = True, drafts: Path | None = None) -> tuple:
+    """(drafter, trained corrector or selector, info): make()'s model trained `steps` steps of FROZEN_BATCH blocks
+    on the frozen drafter base = (drafter, _, info)'s cached outputs (frozen.py), once: a finished stage is
+    loaded. caches: {drafter recipe key: cache} shared by the calls (each drafter's outputs are cached on disk
+    too, in drafts (default: out's parent), keyed by its recipe: a retrained one misses)."""
+    drafter, _, base_info = base
+    want = {"frozen": out.name, "steps": steps, "from": base_info["recipe"]}
+    info = finished(out, want)
+    if info is not None:
+        return drafter, _load_frozen(out), info
+    key = _key(want["from"])
+    if key not in caches:
+        t = time.monotonic()
+        caches[key] = (frozen.build(drafter.to(device).eval(), data, embed.to(device), head.to(device),
+                                    anchors=FROZEN_ANCHORS, path=(drafts or out.parent) / f"drafts-{key}.safetensors",
+                                    progress=progress), time.monotonic() - t)
+    cache, cache_seconds = caches[key]
+    torch.manual_seed(0)
+    m = make()
+    info = {"mode": "frozen drafter, cached outputs", **frozen.train(m, cache, embed, steps, FROZEN_BATCH,
+                                                                       progress=progress),
+            "cached_blocks": len(cache["target"]), "cache_seconds": cache_seconds, "recipe": want,
+            "parameters": sum(p.numel() for p in m.parameters())}
+    out.mkdir(parents=True, exist_ok=True)
+    save_file(m.state_dict(), str(out / "model.safetensors"))
+    (out / "done.json").write_text(json.dumps(info, indent=2) + "\n")
+    return drafter, m, info
 
 
 def _load_frozen(path: Path) -> Corrector | CandidateSelector:
@@ -214,14 +248,20 @@ def _load_frozen(path: Path) -> Corrector | CandidateSelector:
     return m.eval()
 
 
+FROZEN, ONLINE = "DCOCO, frozen drafter", "DCOCO online corrector (drafter not co-trained)"
+CONTINUED = "DFlash, trained on alone (the joint drafter's budget)"
+
+
 def methods(trained: dict, rules: tuple[str, ...]) -> dict[str, tuple]:
-    """{method: (drafter, corrector / selector or None, rule)}, DFlash (the baseline with DCOCO's budget) first."""
-    d0, _, _ = trained["dflash-long"]
+    """{method: (drafter, corrector / selector or None, rule)}, DFlash (dflash-long) first."""
+    d0, c0, _ = trained["dflash-long"][0], trained["corrector"][1], None
     d1, c1, _ = trained["dcoco-drafter"]
-    out = {"DFlash": (d0, None, "greedy")}
-    out.update({f"DCOCO {r}": (d1, c1, r) for r in rules})
-    out["DCOCO drafter, corrector off"] = (d1, None, "greedy")
-    out["DFlash + corrector (frozen drafter)"] = (d0, trained["corrector"][1], "greedy")
+    d2, c2, _ = trained["online"]
+    out = {"DFlash": (d0, None, "greedy"), FROZEN: (d0, c0, "greedy")}
+    out.update({f"DCOCO joint {r}": (d1, c1, r) for r in rules})
+    out["DCOCO joint drafter, corrector off"] = (d1, None, "greedy")
+    out[ONLINE] = (d2, c2, "greedy")
+    out[CONTINUED] = (d2, None, "greedy")
     out[DFLASH2] = (d0, trained["dflash2"][1], "greedy")
     return out
 
@@ -248,33 +288,66 @@ def evaluate_all(model, engines: dict[str, Engine], prompts: dict[str, list], ma
 
 
 def headline(ev: dict, sim: dict, rules: tuple[str, ...]) -> dict:
-    """The issue-5 keys and their CIs. tau, ratios and coverage come from the simulated evaluation (sim, every
-    method on the same prompts; ratios over the DFlash baseline with paired 95% bootstrap CIs); tokens/s and the
-    losslessness check from real decoding (ev). DCOCO is the jointly trained drafter with its corrector (greedy
-    rule); the oracles are the DFlash run's; coverage is teacher-forced at every anchor (coverage_seen: samples)."""
-    m, real = sim["methods"], ev["methods"]
-    dfl, dco = m["DFlash"]["overall"], m[f"DCOCO {rules[0]}"]["overall"]
-    frozen, sel = m["DFlash + corrector (frozen drafter)"]["overall"], m[DFLASH2]["overall"]
+    """The headline keys and their CIs. tau, ratios and coverage come from the simulated evaluation (sim, every
+    method on the same prompts; ratios with paired 95% bootstrap CIs, over DFlash and, in sim["ratios"], over the
+    frozen-drafter corrector and the equal-budget DFlash); tokens/s and the losslessness check from real decoding
+    (ev). tau_dcoco is HEADLINE's DCOCO (greedy rule): the joint stage's (co-adapted, joint_corr_grad) or the
+    frozen-drafter corrector; both are reported. The oracles are the DFlash run's; coverage is teacher-forced at
+    every anchor (coverage_seen: samples)."""
+    m, real, vs = sim["methods"], ev["methods"], sim["ratios"]
+    joint_name = f"DCOCO joint {rules[0]}"
+    dfl, joint = m["DFlash"]["overall"], m[joint_name]["overall"]
+    frozen, sel, online = m[FROZEN]["overall"], m[DFLASH2]["overall"], m[ONLINE]["overall"]
+    dco_name = joint_name if HEADLINE == "joint" else FROZEN
+    dco = m[dco_name]["overall"]
     tps = {k: real[name]["overall"]["tokens_per_s"] for k, name in (
-        ("target_only", "target-only"), ("dflash", "DFlash"), ("dcoco", f"DCOCO {rules[0]}"),
-        ("dcoco_frozen_drafter", "DFlash + corrector (frozen drafter)"), ("dflash2", DFLASH2))}
+        ("target_only", "target-only"), ("dflash", "DFlash"), ("dcoco", dco_name), ("dcoco_joint", joint_name),
+        ("dcoco_frozen", FROZEN), ("dflash2", DFLASH2))}
     oracle = dfl["tau_oracle_prefix_first"]
 
     def captured(t):
         return (t - dfl["tau"]) / (oracle - dfl["tau"]) if oracle and oracle > dfl["tau"] else None
 
     return {"tau_target_only": 1.0, "tau_dflash": dfl["tau"], "tau_dflash_ci": dfl["tau_ci"],
-            "tau_dcoco": dco["tau"], "tau_dcoco_ci": dco["tau_ci"], "tau_dcoco_frozen_drafter": frozen["tau"],
+            "dcoco": dco_name, "tau_dcoco": dco["tau"], "tau_dcoco_ci": dco["tau_ci"],
+            "tau_ratio_dcoco_over_dflash": dco["ratio"], "tau_ratio_ci": dco["ratio_ci"],
+            "tau_dcoco_frozen": frozen["tau"], "tau_dcoco_frozen_ci": frozen["tau_ci"],
+            "tau_ratio_frozen_over_dflash": frozen["ratio"], "tau_ratio_frozen_ci": frozen["ratio_ci"],
+            "tau_dcoco_joint": joint["tau"], "tau_dcoco_joint_ci": joint["tau_ci"], "joint_corr_grad": JOINT_CORR_GRAD,
+            "joint_lr": JOINT_LR, "tau_ratio_joint_over_dflash": joint["ratio"], "tau_ratio_joint_ci": joint["ratio_ci"],
+            "tau_ratio_joint_over_frozen": vs[FROZEN][joint_name]["ratio"],
+            "tau_ratio_joint_over_frozen_ci": vs[FROZEN][joint_name]["ratio_ci"],
+            "tau_dcoco_online": online["tau"], "tau_ratio_joint_over_online": vs[ONLINE][joint_name]["ratio"],
+            "tau_ratio_joint_over_online_ci": vs[ONLINE][joint_name]["ratio_ci"],
+            "tau_dflash_continued": m[CONTINUED]["overall"]["tau"],
+            "tau_ratio_joint_over_dflash_continued": vs[CONTINUED][joint_name]["ratio"],
+            "tau_ratio_joint_over_dflash_continued_ci": vs[CONTINUED][joint_name]["ratio_ci"],
             "tau_oracle_prefix_first": oracle, "tau_oracle_walk": dfl["tau_oracle_walk"],
             **{f"tps_{k}": v for k, v in tps.items()},
-            "tau_ratio_dcoco_over_dflash": dco["ratio"], "tau_ratio_ci": dco["ratio_ci"],
-            "tau_ratio_frozen_over_dflash": frozen["ratio"], "tau_ratio_frozen_ci": frozen["ratio_ci"],
             "tau_dflash2": sel["tau"], "tau_dflash2_ci": sel["tau_ci"], "tau_ratio_dflash2_over_dflash": sel["ratio"],
             "tau_ratio_dflash2_ci": sel["ratio_ci"],
             "headroom_captured_dcoco": captured(dco["tau"]), "headroom_captured_frozen": captured(frozen["tau"]),
+            "headroom_captured_joint": captured(joint["tau"]),
             "speedup_dcoco_over_dflash": tps["dcoco"] / tps["dflash"], "coverage": dfl["coverage_tf"],
             "coverage_seen": dfl["coverage_tf_seen"], "simulated_prompts": dfl["prompts"],
             "simulated_rounds": dfl["rounds"], "lossless": ev["lossless"]}
+
+
+def co_adaptation(sim: dict, rules: tuple[str, ...], training: dict) -> dict:
+    """What co-training changed, the joint drafter beside the frozen one (and the online control's): per-slot
+    teacher-forced top-1 and top-16 coverage on the evaluation prompts, the corrector's transition hit rate, and
+    the final DFlash loss on the training batches."""
+    m = sim["methods"]
+    rows = {"frozen drafter (dflash-long)": ("DFlash", FROZEN, "dflash-long"),
+            "joint drafter (dcoco-drafter)": ("DCOCO joint drafter, corrector off", f"DCOCO joint {rules[0]}",
+                                              "dcoco-drafter"),
+            "online control's drafter (online)": (CONTINUED, ONLINE, "online")}
+    out = {}
+    for label, (plain, corrected, stage) in rows.items():
+        cov = m[plain]["overall"]["coverage_tf"]
+        out[label] = {"top1_per_slot": cov[1], "top16_per_slot": cov[16], "transition_hit_rate": m[corrected]["overall"]["transition_hit_rate"],
+                      "final_dflash_loss": training[stage].get("final_dflash")}
+    return out
 
 
 def costs(engines: dict[str, Engine], repeats: int = 200) -> dict[str, dict]:
@@ -330,8 +403,12 @@ def table(res: dict) -> str:
                  f"{res['sim']['max_new_tokens']} tokens ({h['simulated_rounds']} DFlash rounds); tokens/s from real "
                  f"decoding of {res['config']['rows']} prompt(s) per suite x {res['config']['max_new_tokens']} "
                  f"tokens.\nPrefix-first oracle tau (DFlash rounds): {h['tau_oracle_prefix_first']:.3f}; "
-                 f"DCOCO / DFlash {h['tau_ratio_dcoco_over_dflash']:.3f}x{_ci(h['tau_ratio_ci'])}, frozen-drafter "
-                 f"corrector {h['tau_ratio_frozen_over_dflash']:.3f}x{_ci(h['tau_ratio_frozen_ci'])}, DFlash2 selector "
+                 f"DCOCO ({h['dcoco']}) / DFlash {h['tau_ratio_dcoco_over_dflash']:.3f}x{_ci(h['tau_ratio_ci'])}; "
+                 f"frozen-drafter corrector {h['tau_ratio_frozen_over_dflash']:.3f}x{_ci(h['tau_ratio_frozen_ci'])}, "
+                 f"joint (corr_grad {h['joint_corr_grad']:g}) {h['tau_ratio_joint_over_dflash']:.3f}x"
+                 f"{_ci(h['tau_ratio_joint_ci'])}, joint / frozen {h['tau_ratio_joint_over_frozen']:.3f}x"
+                 f"{_ci(h['tau_ratio_joint_over_frozen_ci'])}, joint / its online control "
+                 f"{h['tau_ratio_joint_over_online']:.3f}x{_ci(h['tau_ratio_joint_over_online_ci'])}, DFlash2 selector "
                  f"{h['tau_ratio_dflash2_over_dflash']:.3f}x{_ci(h['tau_ratio_dflash2_ci'])}; "
                  f"lossless: {h['lossless']}")
     for name, c in res.get("costs", {}).items():
@@ -371,17 +448,21 @@ def plots(res: dict, work: Path, out: Path, prefix: str) -> list[Path]:
     fig, ax = plt.subplots(figsize=(6, 4))
     t = res["training"]  # continued stages are drawn from the step where their drafter's training left off
     base = t["dflash"]["steps"]
-    for stage, key, label, x0 in (("dflash", "tau_dflash", "DFlash drafter", 0),
-                                  ("dflash-long", "tau_dflash", "DFlash drafter, continued (baseline)", base),
-                                  ("dcoco-drafter", "tau_dflash", "DCOCO drafter (joint), argmax", base),
-                                  ("dcoco-drafter", "tau_dcoco", "DCOCO drafter (joint) + corrector", base)):
+    warm = base + t["dflash-long"]["steps"]
+    for stage, key, label, x0 in (("dflash", "tau_shortlist", "DFlash drafter (top-1 of the shortlisted loss: "
+                                                              "optimistic)", 0),
+                                  ("dflash-long", "tau_dflash", "DFlash drafter, whole head (baseline)", base),
+                                  ("online", "tau_dflash", "DFlash drafter trained on alone", warm),
+                                  ("online", "tau_dcoco", "+ online corrector (drafter not co-trained)", warm),
+                                  ("dcoco-drafter", "tau_dflash", "DCOCO joint drafter, argmax", warm),
+                                  ("dcoco-drafter", "tau_dcoco", "DCOCO joint drafter + corrector", warm)):
         log = work / stage / "log.jsonl"
         if log.is_file():
-            recs = [json.loads(ln) for ln in log.read_text().split("\n") if ln.strip()]
+            recs = [r for r in (json.loads(ln) for ln in log.read_text().split("\n") if ln.strip()) if key in r]
             n = max(1, len(recs) // 25)
             xs = [x0 + recs[i]["step"] for i in range(0, len(recs) - n + 1, n)]
             ys = [sum(r[key] for r in recs[i:i + n]) / n for i in range(0, len(recs) - n + 1, n)]
-            ax.plot(xs, ys, label=label)
+            ax.plot(xs, ys, label=label, linestyle=":" if key == "tau_shortlist" else "-")
     ax.set(xlabel="drafter step",
            ylabel="teacher-forced tau", title="training batches (moving mean)")
     ax.legend()
@@ -407,8 +488,11 @@ def run(size: str = "default", device: str = "cpu", out: str | Path | None = Non
     t1 = time.monotonic()
     refs = simulate.references(model, prompts, s.sim_tokens, next(iter(engines.values())).eos,
                                cache_dir() / "references", progress)
-    sim = {"methods": simulate.report(simulate.simulate_all(engines, prompts, refs, s.sim_tokens, progress),
-                                      "DFlash"), "max_new_tokens": s.sim_tokens, "seconds": time.monotonic() - t1}
+    per = simulate.simulate_all(engines, prompts, refs, s.sim_tokens, progress)
+    sim = {"methods": simulate.report(per, "DFlash"), "max_new_tokens": s.sim_tokens,
+           "ratios": {base: {m: {k: r["overall"][k] for k in ("ratio", "ratio_ci")}
+                             for m, r in simulate.report(per, base).items()} for base in (FROZEN, ONLINE, CONTINUED)},
+           "seconds": time.monotonic() - t1}
     ev = evaluate_all(model, engines, {n: p[:s.rows] for n, p in prompts.items()}, s.max_new_tokens, progress)
     res = {"size": size, "config": {**dataclasses.asdict(s), "layers": LAYERS, "block_size": BLOCK,
                                     "target_layers": SMOLLM2_TAPS, "device": device,
@@ -416,6 +500,7 @@ def run(size: str = "default", device: str = "cpu", out: str | Path | None = Non
                                         int(data.response.sum())},
            "training": {k: v[2] for k, v in trained.items()}, "sim": sim, "eval": ev, "costs": costs(engines)}
     res["headline"] = headline(ev, sim, s.rules)
+    res["co_adaptation"] = co_adaptation(sim, s.rules, res["training"])
     res["seconds"] = time.monotonic() - t0
     dest = Path(out) if out else work
     dest.mkdir(parents=True, exist_ok=True)
