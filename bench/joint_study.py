@@ -1,0 +1,198 @@
+"""Joint training at the full demo's size: what co-adapting the drafter to the corrector buys, against budget.
+
+Every arm starts from the full demo's stages (`dcoco demo --full` builds the same ones, and this script builds
+them when they are missing): dflash (2,600 shortlisted DFlash steps), dflash-long (800 more, the whole head: the
+DFlash baseline) and the corrector trained on the frozen dflash-long drafter's cached outputs (1,200 x 256
+blocks). The arms:
+
+  frozen-51k      the frozen-drafter corrector with the cold joint stage's budget (200 x 256 = 51,200 blocks)
+  cold-cg<w>      the old joint stage: dflash + a fresh corrector, 800 joint steps at lr 6e-4, corr_grad w
+  warm-cg<w>      the recipe's schedule: dflash-long + the frozen-trained corrector, `--warm-steps` joint steps at
+                  `--warm-lr`, corr_grad w (no loss switch: dflash-long already trains on the whole head). With
+                  w = 0 its drafter is dflash-long trained on alone at that schedule: the equal-budget baseline of
+                  the other warm arms
+  warm-cg<w>-rho<r>  the same with L_corr's position decay rho = r (4: the paper's)
+
+Each arm is trained once (resumable; stages cached under $DCOCO_CACHE/demo-full/study, the warm arms with the
+demo's joint-stage recipe in the demo's own dcoco-drafter and online folders) and simulated once on
+`--rows` prompts per suite of the demo's evaluation rows (cached per method); the report puts every method beside
+DFlash and beside the frozen-drafter corrector with paired 95% bootstrap CIs, with teacher-forced per-slot top-1
+and top-16 coverage, the transition hit rate and the final DFlash loss. `--grads` adds the gradient probe: on a few
+batches, the norms of the DFlash loss's and L_corr's gradients on the drafter, their cosine, and how often the
+clip bites, at the cold and the warm start.
+
+    .venv/bin/python bench/joint_study.py --arms frozen-51k warm-cg0 warm-cg1 --grads \
+        --out bench/results/joint-study.json"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import json
+import re
+import time
+from pathlib import Path
+
+import torch
+
+from dcoco import demo, simulate
+from dcoco.corrector import Corrector
+from dcoco.evaluate import encode
+from dcoco.recipe import SMOLLM2, cache_dir, load_target
+from dcoco.spec import Engine
+from dcoco.training import Objective, Schedule, TrainConfig
+
+COLD_LR = TrainConfig.lr
+
+
+def arm_settings(name: str, warm_steps: int, warm_lr: float, size: demo.Size) -> dict:
+    """{"kind": frozen | cold | warm, and its settings} from an arm's name (see the module docstring)."""
+    m = re.fullmatch(r"frozen-(\d+)k", name)
+    if m:
+        return {"kind": "frozen", "blocks": int(m[1]) * 1000}
+    m = re.fullmatch(r"(cold|warm)-cg([0-9.]+)(?:-rho([0-9.]+))?", name)
+    if not m:
+        raise ValueError(f"arm: {name!r} is none of frozen-<n>k, cold-cg<w>, warm-cg<w>[-rho<r>]")
+    cold = m[1] == "cold"
+    return {"kind": m[1], "corr_grad": float(m[2]), "rho": float(m[3] or 4.0),
+            "steps": size.long_steps if cold else warm_steps, "lr": COLD_LR if cold else warm_lr}
+
+
+def demo_stage(name: str, st: dict, cfg: TrainConfig, size: demo.Size) -> str:
+    """The folder under the demo's work folder: the demo's own joint and online stages for the warm arms that
+    have their recipe (one training serves both), study/<name> otherwise."""
+    if (st["kind"] == "warm" and cfg.steps == size.joint_steps and cfg.lr == demo.JOINT_LR and
+            cfg.rho == TrainConfig.rho and cfg.corr_grad in (demo.JOINT_CORR_GRAD, 0.0)):
+        return "dcoco-drafter" if cfg.corr_grad == demo.JOINT_CORR_GRAD else "online"
+    return f"study/{name}"
+
+
+def train_arm(name: str, st: dict, base: dict, size: demo.Size, work: Path, data, embed, head,
+              progress: bool) -> tuple:
+    if st["kind"] == "frozen":
+        return demo.frozen_stage(work / "study" / name, lambda: Corrector(head.shape[1]),
+                                 st["blocks"] // demo.FROZEN_BATCH, base["dflash-long"], data, embed, head, "cpu",
+                                 base["caches"], progress, drafts=work)
+    start, corr = (base["dflash"], None) if st["kind"] == "cold" else (base["dflash-long"], base["corrector"])
+    cfg = demo.stage_config("joint", st["steps"], "cpu", corr_grad=st["corr_grad"], rho=st["rho"], lr=st["lr"])
+    return demo._stage(work / demo_stage(name, st, cfg, size), cfg, data, embed, head, copy.deepcopy(start[0]),
+                       None if corr is None else copy.deepcopy(corr[1]), progress=progress,
+                       upstream=start[2]["recipe"], corrector_from=None if corr is None else corr[2]["recipe"])
+
+
+def simulated(method: str, engine: Engine, prompts, refs, tokens: int, path: Path, progress: bool) -> dict:
+    """{suite: [Result]} of one method, simulated once (cached in path)."""
+    if path.is_file():
+        return torch.load(path, weights_only=False)
+    per = simulate.simulate_all({method: engine}, prompts, refs, tokens, progress)[method]
+    path.parent.mkdir(parents=True, exist_ok=True)
+    torch.save(per, path.with_suffix(".tmp"))
+    path.with_suffix(".tmp").replace(path)
+    return per
+
+
+def grad_probe(drafter, corrector, data, embed, head, batches: int, clip: float) -> dict:
+    """Per batch of the training schedule: |grad L_DFlash|, |grad L_corr| on the drafter's parameters (the
+    paper's unit-weight sum), their cosine, and whether the drafter's clip bites on the sum; plus the norm of the
+    mean L_corr gradient over the batches against the mean norm (how much batch noise averages away)."""
+    d, c = copy.deepcopy(drafter).float().train(), copy.deepcopy(corrector).float().train()
+    cfg = TrainConfig(mode="joint", corr_grad=1.0)
+    obj = Objective(d, c, cfg)
+    params = [p for p in d.parameters() if p.requires_grad]
+    sched = Schedule(data, cfg.seed, cfg.seqs_per_step, 32, 0, 1)
+    rows, corr_sum = [], None
+    for k in range(batches):
+        res = obj(sched.batch(k), embed.float(), head.float())
+        gd = torch.autograd.grad(res["dflash"], params, retain_graph=True)
+        gc = torch.autograd.grad(res["corr"], params, allow_unused=True)
+        gd = torch.cat([g.flatten() for g in gd])
+        gc = torch.cat([(torch.zeros_like(p) if g is None else g).flatten() for g, p in zip(gc, params)])
+        corr_sum = gc if corr_sum is None else corr_sum + gc
+        n_d, n_c, n_sum = gd.norm().item(), gc.norm().item(), (gd + gc).norm().item()
+        rows.append({"dflash": n_d, "corr": n_c, "cosine": (gd @ gc).item() / max(n_d * n_c, 1e-30),
+                     "sum": n_sum, "clipped": n_sum > clip, "dflash_clipped": n_d > clip})
+    mean_norm = sum(r["corr"] for r in rows) / batches
+    return {"batches": rows, "clip": clip, "clipped_share": sum(r["clipped"] for r in rows) / batches,
+            "corr_over_dflash": sum(r["corr"] / r["dflash"] for r in rows) / batches,
+            "mean_cosine": sum(r["cosine"] for r in rows) / batches,
+            "corr_mean_gradient_norm_over_mean_norm": (corr_sum / batches).norm().item() / max(mean_norm, 1e-30)}
+
+
+def row(rep: dict, vs_frozen: dict, info: dict | None) -> dict:
+    o, f = rep["overall"], vs_frozen["overall"]
+    cov = o.get("coverage_tf", {})
+    return {"tau": o["tau"], "tau_ci": o["tau_ci"], "ratio": o["ratio"], "ratio_ci": o["ratio_ci"],
+            "ratio_over_frozen": f["ratio"], "ratio_over_frozen_ci": f["ratio_ci"],
+            "top1_per_slot": cov.get(1), "top16_per_slot": cov.get(16),
+            "transition_hit_rate": o.get("transition_hit_rate"),
+            "final_dflash_loss": (info or {}).get("final_dflash"), "final_corr_loss": (info or {}).get("final_corr"),
+            "suites": {s: r["tau"] for s, r in rep["suites"].items()}}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--arms", nargs="+", default=["frozen-51k", "warm-cg0", "warm-cg1"])
+    ap.add_argument("--warm-steps", type=int, default=400)
+    ap.add_argument("--warm-lr", type=float, default=3e-4)
+    ap.add_argument("--rows", type=int, default=16, help="prompts per suite (8 suites; the demo's rows < 32)")
+    ap.add_argument("--tokens", type=int, default=128)
+    ap.add_argument("--grads", action="store_true", help="also run the gradient probe")
+    ap.add_argument("--grad-batches", type=int, default=8)
+    ap.add_argument("--size", default="full", choices=sorted(demo.SIZES), help="the demo size whose stages to use")
+    ap.add_argument("--out", default="bench/results/joint-study.json")
+    args = ap.parse_args()
+    t0, size, work = time.monotonic(), demo.SIZES[args.size], demo.workdir(args.size)
+    settings = {a: arm_settings(a, args.warm_steps, args.warm_lr, size) for a in args.arms}  # bad names fail first
+    tok, model = load_target(SMOLLM2)
+    data = demo.build_corpus(model, size, progress=True)
+    embed, head = model.get_input_embeddings().weight.detach(), model.get_output_embeddings().weight.detach()
+    base = demo.baseline_stages(size, work, data, model, tok, "cpu", True)
+    res = {"command": "python bench/joint_study.py " + " ".join(
+        [f"--arms {' '.join(args.arms)}", f"--warm-steps {args.warm_steps}", f"--warm-lr {args.warm_lr:g}",
+         f"--rows {args.rows}", f"--tokens {args.tokens}", f"--size {args.size}"] + (["--grads"] if args.grads else [])),
+        "arms": settings, "training": {k: base[k][2] for k in ("dflash", "dflash-long", "corrector")}}
+    if args.grads:
+        fresh = Corrector(head.shape[1])
+        res["gradients"] = {
+            "cold (dflash + fresh corrector)": grad_probe(base["dflash"][0], fresh, data, embed, head,
+                                                          args.grad_batches, TrainConfig.clip),
+            "warm (dflash-long + frozen-trained corrector)": grad_probe(base["dflash-long"][0], base["corrector"][1],
+                                                                       data, embed, head, args.grad_batches,
+                                                                       TrainConfig.clip)}
+    trained = {a: train_arm(a, s, base, size, work, data, embed, head, True) for a, s in settings.items()}
+    res["training"].update({a: t[2] for a, t in trained.items()})
+    methods = {"DFlash": (base["dflash-long"][0], None, None),
+               demo.FROZEN: base["corrector"]}
+    for a, (d, c, info) in trained.items():
+        methods[a] = (d, c, info)
+        if settings[a]["kind"] != "frozen":
+            methods[f"{a}, drafter alone"] = (d, None, info)
+    prompts = encode(tok, demo.eval_texts(size.suites, args.rows))
+    refs = simulate.references(model, prompts, args.tokens, Engine(model, base["dflash"][0]).eos,
+                               cache_dir() / "references")
+    per = {}
+    for m, (d, c, _) in methods.items():
+        slug = re.sub(r"[^a-z0-9]+", "-", m.lower()).strip("-")
+        per[m] = simulated(m, Engine(model, d.eval(), None if c is None else c.eval()), prompts, refs, args.tokens,
+                           work / "study" / "sim" / f"{slug}-r{args.rows}-t{args.tokens}.pt", True)
+    rep, vs_frozen = simulate.report(per, "DFlash"), simulate.report(per, demo.FROZEN)
+    res["prompts"] = sum(map(len, prompts.values()))
+    res["methods"] = {m: row(rep[m], vs_frozen[m], methods[m][2]) for m in methods}
+    res["seconds"] = time.monotonic() - t0
+    print(f"{'method':<40}{'tau':>7}{'vs DFlash [95% CI]':>26}{'vs frozen [95% CI]':>26}{'top1 s1':>9}{'s2':>6}")
+    for m, r in res["methods"].items():
+        ci = [f"{r[k]:.3f} [{r[k + '_ci'][0]:.3f}, {r[k + '_ci'][1]:.3f}]" if r[k + "_ci"] else f"{r[k]:.3f}"
+              for k in ("ratio", "ratio_over_frozen")]
+        t1 = r["top1_per_slot"] or [None, None]
+        print(f"{m:<40}{r['tau']:>7.3f}{ci[0]:>26}{ci[1]:>26}{t1[0]:>9.3f}{t1[1]:>6.3f}")
+    for start, g in res.get("gradients", {}).items():
+        print(f"gradients, {start}: |corr| / |dflash| {g['corr_over_dflash']:.3f}, cosine {g['mean_cosine']:.3f}, "
+              f"clip bites {g['clipped_share']:.0%}, noise (|mean| / mean||) "
+              f"{g['corr_mean_gradient_norm_over_mean_norm']:.3f}")
+    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+    Path(args.out).write_text(json.dumps(res, indent=2) + "\n")
+    print(f"wrote {args.out} ({res['seconds']:.0f} s)")
+
+
+if __name__ == "__main__":
+    main()
