@@ -24,7 +24,7 @@ EFFICIENCY = (0.5, 1.0)  # issue efficiency: 2 warps per scheduler hide little l
 SYNC_CYCLES = 60         # one __syncthreads of 8 warps
 L2_CYCLES = 300          # one dependent L2 round trip
 HANDOFF_US = 1.0         # a tile waiting on another CTA's counter (fence + atomic + poll), once per dependency
-K, H = 16, 256           # candidates per slot, MLP hidden (SPEC.md)
+K, H = 16, 256           # candidates per slot, MLP hidden (docs/spec.md)
 STEPS = 14               # dependent steps of the walk: 15 drafted slots, 14 transitions
 
 

@@ -1,4 +1,5 @@
-"""correction_loss (SPEC.md eq. 9): hand-computed values, weights and Z, label dropping, gradients."""
+"""correction_loss (docs/spec.md, "Training"; the paper's eq. 9): hand-computed values, weights and Z, label
+dropping, gradients."""
 
 from __future__ import annotations
 

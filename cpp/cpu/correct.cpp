@@ -1,7 +1,7 @@
 // The CPU path: the corrector's forward from the shared arithmetic (dcoco/math.h), threaded with
 // OpenMP over blocks of 32 rows (slots, candidates, pairs) and over requests for the walk.
-// Rank-split first MLP layer (SPEC.md): per pair u, per predecessor a, per successor b; the K^2 part
-// is adds + GELU + a dot with w2, and the greedy walk scores only the chosen predecessor's row.
+// Rank-split first MLP layer (docs/spec.md, "Exact rewrites"): per pair u, per predecessor a, per successor b;
+// the K^2 part is adds + GELU + a dot with w2, and the greedy walk scores only the chosen predecessor's row.
 #include <algorithm>
 #include <memory>
 #include <stdexcept>

@@ -2,7 +2,7 @@
 // intermediates its backward reads, then the backward written out by hand. Rows are threaded in blocks;
 // every sum over rows runs in a fixed order, so results do not depend on the thread count.
 //
-// Forward (SPEC.md, rank-split first MLP layer; hats are LayerNorm outputs before any affine):
+// Forward (docs/spec.md, "Exact rewrites": rank-split first MLP layer; hats are LayerNorm outputs before any affine):
 //   b^ = LN(W_cand E[c])  g^ = LN(W_ctx h)  P = W_pair_L h  Q = W_pair_R h
 //   z^ = LN(W_fuse_b b^ + W_fuse_g g^)  z = gamma z^ + beta
 //   pred = W1_a z + w_la l   succ = W1_b z + w_lb l   u_p = W1_s (P_p + Q_{p+1}) + b1

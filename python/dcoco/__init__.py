@@ -1,6 +1,6 @@
 """dcoco: the DCOCO contextual corrector for parallel (DFlash) speculative drafts.
 
-See SPEC.md of the project for the math. Public API:
+See docs/spec.md in the repository for the math. Public API:
   Corrector         the nn.Module (score, forward, prepare_inference); score has a compiled backward
   select            path selection on a score grid (greedy, global, geometric)
   correction_loss   the paper's L_corr (eq. 9) on a score grid

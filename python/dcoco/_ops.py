@@ -179,7 +179,7 @@ def _score_backward(ctx, grad):
     hidden, cand_ids, cand_logits, embed, *weights = ctx.saved_tensors
     d_hidden, d_logits, *d_weights = torch.ops.dcoco.score_backward(grad, hidden, cand_ids, cand_logits, embed,
                                                                     *weights)
-    # none for the ids (discrete) or embed (frozen: SPEC.md)
+    # none for the ids (discrete) or embed (frozen: docs/spec.md, "Shapes and names")
     return (d_hidden.to(hidden.dtype), None, d_logits.to(cand_logits.dtype), None,
             *(g.to(w.dtype) for g, w in zip(d_weights, weights)))
 

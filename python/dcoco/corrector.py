@@ -1,4 +1,4 @@
-"""The DCOCO corrector: the paper's exact parameterisation (SPEC.md), computed by the backend that
+"""The DCOCO corrector: the paper's exact parameterisation (docs/spec.md, "The corrector"), computed by the backend that
 backend.py picks for the inputs' device (the fused compiled core, or the native PyTorch path)."""
 
 from __future__ import annotations

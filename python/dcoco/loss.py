@@ -1,4 +1,5 @@
-"""The correction loss L_corr of SPEC.md (eq. 9): one weighted K x K cross-entropy per adjacent slot pair."""
+"""The correction loss L_corr (docs/spec.md, "Training"; the paper's eq. 9): one weighted K x K cross-entropy
+per adjacent slot pair."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""The native backend: DCOCO's math (SPEC.md) in plain PyTorch, on any device and in any build, shaped for a
+"""The native backend: DCOCO's math (docs/spec.md) in plain PyTorch, on any device and in any build, shaped for a
 GPU: a few dozen whole-tensor ops per call, whatever the block size, instead of a loop over slots.
 
 The fused core's exact rewrites, as tensor ops: the vocabulary table (or its rows computed from the
@@ -133,7 +133,7 @@ def score(hidden, cand_ids, cand_logits, embed, weights, table=None) -> torch.Te
 
 def _scores(hidden, ids, logits, embed, weights, table, dt, sizes) -> torch.Tensor:
     R, B, K, d, V, r, H = sizes
-    embed = embed.detach()  # frozen (SPEC.md): never a gradient, as in the fused op
+    embed = embed.detach()  # frozen (docs/spec.md, "Shapes and names"): never a gradient, as in the fused op
     grad = torch.is_grad_enabled() and any(t.requires_grad for t in (hidden, logits, *weights))
     step = _chunks(CHUNK_BYTES if grad else GRID_BYTES, R, B, K, d, H, dt.itemsize, table is None)
     with _no_autocast(hidden.device), torch.set_grad_enabled(grad):

@@ -1,5 +1,5 @@
 """An offline speculative-decoding engine: a Hugging Face causal-LM target, a DFlash drafter and an optional
-DCOCO corrector, with greedy and sampling verification (SPEC.md, "Verification") and the metrics the paper
+DCOCO corrector, with greedy and sampling verification (docs/spec.md, "Verification") and the metrics the paper
 reports: tau, per-position acceptance, tokens/s and per-slot top-k coverage (Fig. 1).
 
 One round: draft a block (anchor = last committed token, context = target features of every committed position
@@ -263,9 +263,9 @@ class Engine:
                 generator: torch.Generator | None, proposal: torch.Tensor | None = None) -> list[int]:
         """The committed tokens: the accepted prefix of drafts (n,) plus the verifier's own next token. logits
         (n+1,V): the target's at anchor, y_1..y_n. Temperature 0: the longest prefix equal to the argmax. Else
-        speculative sampling against the drafts' proposal (n, V) (None: a point mass at each draft, SPEC.md's
-        rule): accept y_j with probability min(1, p_j(y_j) / q_j(y_j)); on rejection sample max(p_j - q_j, 0)
-        renormalised; when all are accepted, the bonus token from p_n."""
+        speculative sampling against the drafts' proposal (n, V) (None: a point mass at each draft, the rule of
+        docs/spec.md, "Verification"): accept y_j with probability min(1, p_j(y_j) / q_j(y_j)); on rejection
+        sample max(p_j - q_j, 0) renormalised; when all are accepted, the bonus token from p_n."""
         if temperature == 0:
             best = logits.argmax(-1).tolist()
             a = next((j for j, y in enumerate(drafts) if y != best[j]), len(drafts))

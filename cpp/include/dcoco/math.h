@@ -148,7 +148,7 @@ DCOCO_HD void layer_norm_grad(const T* y, T inv, const T* dy, T* dx, int n) {
   for (int i = 0; i < n; ++i) dx[i] = inv * (dy[i] - a - y[i] * b);
 }
 
-// S_p(a,b) from the rank-split first MLP layer (SPEC.md, "An exact rewrite"):
+// S_p(a,b) from the rank-split first MLP layer (docs/spec.md, "Exact rewrites"):
 //   u = W1_s s_p + b1, a = W1_a z_pa + w_la l_p(a), b = W1_b z_{p+1,b} + w_lb l_{p+1}(b)   (each H)
 //   S = l_{p+1}(b) + b2 + sum_j w2[j] gelu(u[j] + a[j] + b[j])
 // transition_terms sums j in [j0, j1), so a score can be split over threads and added in a fixed order.
