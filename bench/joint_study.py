@@ -149,7 +149,8 @@ def main() -> None:
     base = demo.baseline_stages(size, work, data, model, tok, "cpu", True)
     res = {"command": "python bench/joint_study.py " + " ".join(
         [f"--arms {' '.join(args.arms)}", f"--warm-steps {args.warm_steps}", f"--warm-lr {args.warm_lr:g}",
-         f"--rows {args.rows}", f"--tokens {args.tokens}", f"--size {args.size}"] + (["--grads"] if args.grads else [])),
+         f"--rows {args.rows}", f"--tokens {args.tokens}", f"--size {args.size}"] +
+        (["--grads"] if args.grads else [])),
         "arms": settings, "training": {k: base[k][2] for k in ("dflash", "dflash-long", "corrector")}}
     if args.grads:
         fresh = Corrector(head.shape[1])
