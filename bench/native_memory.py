@@ -6,7 +6,7 @@ Each (backend, size) runs in a fresh process: inputs and weights are made first,
 reset (/proc/self/clear_refs), then score + backward run; the figure is the peak minus the resident set
 before. It includes what any implementation must hold: the scores, their gradient and the input and weight
 gradients. For scale, the whole (R, B-1, K, K, H) float32 pre-activation tensor is reported too: the native
-backend must never hold it (SPEC: at most 1 GiB extra at the default size).
+backend must never hold it (its budget: at most 1 GiB extra at the default size).
 """
 
 import argparse

@@ -1,7 +1,7 @@
 """Regenerates python/dcoco/data/smollm2-corpus.npz, the token ids of the demo's training corpus: SmolLM2-135M's
-own greedy responses (at most 128 new tokens) to the prompts shipped with dcoco and to rows of
-../shared/data/eval that the demo never evaluates (demo.training_prompts). Only ids ship: the demo recomputes
-features and labels on the machine it runs on.
+own greedy responses (at most 128 new tokens) to the prompts shipped with dcoco and to rows of the paper's
+suites shipped in python/dcoco/data/suites that the demo never evaluates (demo.training_prompts). Only ids ship:
+the demo recomputes features and labels on the machine it runs on.
 
     python scripts/make_demo_corpus.py [--reuse CORPUS_DIR]   # about 30 min on 2 CPU cores
 

@@ -49,7 +49,7 @@ from .spec import Engine, summarize
 from .training import TrainConfig, train
 
 EVAL_ROWS_RESERVED = 32  # the demo evaluates rows below this index of each suite; training never sees them
-# training rows per suite from ../shared/data/eval (index >= EVAL_ROWS_RESERVED, shuffled with seed 0); aime25
+# training rows per suite of the shipped suites (data/suites; index >= EVAL_ROWS_RESERVED, shuffled with seed 0); aime25
 # (30 rows) is evaluation only, livecodebench prompts are mostly longer than the 300-token cap
 TRAIN_ROWS = {"gsm8k": 250, "math500": 150, "mbpp": 120, "humaneval": 80, "arena-hard-v2": 120, "mt-bench": 40,
               "livecodebench": 1000}
@@ -314,7 +314,8 @@ def headline(ev: dict, sim: dict, rules: tuple[str, ...]) -> dict:
             "tau_dcoco_frozen": frozen["tau"], "tau_dcoco_frozen_ci": frozen["tau_ci"],
             "tau_ratio_frozen_over_dflash": frozen["ratio"], "tau_ratio_frozen_ci": frozen["ratio_ci"],
             "tau_dcoco_joint": joint["tau"], "tau_dcoco_joint_ci": joint["tau_ci"], "joint_corr_grad": JOINT_CORR_GRAD,
-            "joint_lr": JOINT_LR, "tau_ratio_joint_over_dflash": joint["ratio"], "tau_ratio_joint_ci": joint["ratio_ci"],
+            "joint_lr": JOINT_LR, "tau_ratio_joint_over_dflash": joint["ratio"],
+            "tau_ratio_joint_ci": joint["ratio_ci"],
             "tau_ratio_joint_over_frozen": vs[FROZEN][joint_name]["ratio"],
             "tau_ratio_joint_over_frozen_ci": vs[FROZEN][joint_name]["ratio_ci"],
             "tau_dcoco_online": online["tau"], "tau_ratio_joint_over_online": vs[ONLINE][joint_name]["ratio"],
@@ -345,7 +346,8 @@ def co_adaptation(sim: dict, rules: tuple[str, ...], training: dict) -> dict:
     out = {}
     for label, (plain, corrected, stage) in rows.items():
         cov = m[plain]["overall"]["coverage_tf"]
-        out[label] = {"top1_per_slot": cov[1], "top16_per_slot": cov[16], "transition_hit_rate": m[corrected]["overall"]["transition_hit_rate"],
+        out[label] = {"top1_per_slot": cov[1], "top16_per_slot": cov[16],
+                      "transition_hit_rate": m[corrected]["overall"]["transition_hit_rate"],
                       "final_dflash_loss": training[stage].get("final_dflash")}
     return out
 
