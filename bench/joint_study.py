@@ -80,15 +80,19 @@ def train_arm(name: str, st: dict, base: dict, size: demo.Size, work: Path, data
                        upstream=start[2]["recipe"], corrector_from=None if corr is None else corr[2]["recipe"])
 
 
-def simulated(method: str, engine: Engine, prompts, refs, tokens: int, path: Path, progress: bool) -> dict:
-    """{suite: [Result]} of one method, simulated once (cached in path)."""
-    if path.is_file():
-        return torch.load(path, weights_only=False)
-    per = simulate.simulate_all({method: engine}, prompts, refs, tokens, progress)[method]
-    path.parent.mkdir(parents=True, exist_ok=True)
-    torch.save(per, path.with_suffix(".tmp"))
-    path.with_suffix(".tmp").replace(path)
-    return per
+def simulated(engines: dict[str, Engine], prompts, refs, tokens: int, paths: dict[str, Path],
+              progress: bool) -> dict[str, dict]:
+    """{method: {suite: [Result]}}: each method simulated once (cached in paths[method]); the methods not cached
+    yet are simulated together, sharing one target pass per prompt and one draft per drafter."""
+    per = {m: torch.load(paths[m], weights_only=False) for m in engines if paths[m].is_file()}
+    todo = {m: e for m, e in engines.items() if m not in per}
+    if todo:
+        for m, r in simulate.simulate_all(todo, prompts, refs, tokens, progress).items():
+            paths[m].parent.mkdir(parents=True, exist_ok=True)
+            torch.save(r, paths[m].with_suffix(".tmp"))
+            paths[m].with_suffix(".tmp").replace(paths[m])
+            per[m] = r
+    return {m: per[m] for m in engines}
 
 
 def grad_probe(drafter, corrector, data, embed, head, batches: int, clip: float) -> dict:
@@ -171,11 +175,10 @@ def main() -> None:
     prompts = encode(tok, demo.eval_texts(size.suites, args.rows))
     refs = simulate.references(model, prompts, args.tokens, Engine(model, base["dflash"][0]).eos,
                                cache_dir() / "references")
-    per = {}
-    for m, (d, c, _) in methods.items():
-        slug = re.sub(r"[^a-z0-9]+", "-", m.lower()).strip("-")
-        per[m] = simulated(m, Engine(model, d.eval(), None if c is None else c.eval()), prompts, refs, args.tokens,
-                           work / "study" / "sim" / f"{slug}-r{args.rows}-t{args.tokens}.pt", True)
+    slug = {m: re.sub(r"[^a-z0-9]+", "-", m.lower()).strip("-") for m in methods}
+    per = simulated({m: Engine(model, d.eval(), None if c is None else c.eval()) for m, (d, c, _) in methods.items()},
+                    prompts, refs, args.tokens,
+                    {m: work / "study" / "sim" / f"{slug[m]}-r{args.rows}-t{args.tokens}.pt" for m in methods}, True)
     rep, vs_frozen = simulate.report(per, "DFlash"), simulate.report(per, demo.FROZEN)
     res["prompts"] = sum(map(len, prompts.values()))
     res["methods"] = {m: row(rep[m], vs_frozen[m], methods[m][2]) for m in methods}
