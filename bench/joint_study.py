@@ -67,12 +67,12 @@ def demo_stage(name: str, st: dict, cfg: TrainConfig, size: demo.Size) -> str:
     return f"study/{name}"
 
 
-def train_arm(name: str, st: dict, base: dict, size: demo.Size, work: Path, data, embed, head,
+def train_arm(name: str, st: dict, base: dict, caches: dict, size: demo.Size, work: Path, data, embed, head,
               progress: bool) -> tuple:
     if st["kind"] == "frozen":
         return demo.frozen_stage(work / "study" / name, lambda: Corrector(head.shape[1]),
                                  st["blocks"] // demo.FROZEN_BATCH, base["dflash-long"], data, embed, head, "cpu",
-                                 base["caches"], progress, drafts=work)
+                                 caches, progress, drafts=work)
     start, corr = (base["dflash"], None) if st["kind"] == "cold" else (base["dflash-long"], base["corrector"])
     cfg = demo.stage_config("joint", st["steps"], "cpu", corr_grad=st["corr_grad"], rho=st["rho"], lr=st["lr"])
     return demo._stage(work / demo_stage(name, st, cfg, size), cfg, data, embed, head, copy.deepcopy(start[0]),
@@ -150,7 +150,7 @@ def main() -> None:
     tok, model = load_target(SMOLLM2)
     data = demo.build_corpus(model, size, progress=True)
     embed, head = model.get_input_embeddings().weight.detach(), model.get_output_embeddings().weight.detach()
-    base = demo.baseline_stages(size, work, data, model, tok, "cpu", True)
+    base, caches = demo.baseline_stages(size, work, data, model, tok, "cpu", True)
     res = {"command": "python bench/joint_study.py " + " ".join(
         [f"--arms {' '.join(args.arms)}", f"--warm-steps {args.warm_steps}", f"--warm-lr {args.warm_lr:g}",
          f"--rows {args.rows}", f"--tokens {args.tokens}", f"--size {args.size}"] +
@@ -164,7 +164,8 @@ def main() -> None:
             "warm (dflash-long + frozen-trained corrector)": grad_probe(base["dflash-long"][0], base["corrector"][1],
                                                                        data, embed, head, args.grad_batches,
                                                                        TrainConfig.clip)}
-    trained = {a: train_arm(a, s, base, size, work, data, embed, head, True) for a, s in settings.items()}
+    trained = {a: train_arm(a, s, base, caches, size, work, data, embed, head, True)
+               for a, s in settings.items()}
     res["training"].update({a: t[2] for a, t in trained.items()})
     methods = {"DFlash": (base["dflash-long"][0], None, None),
                demo.FROZEN: base["corrector"]}

@@ -46,6 +46,7 @@ from .dflash import DFlashDrafter
 from .recipe import SMOLLM2, SMOLLM2_TAPS, cache_dir, drafter_config, load_target
 from .evaluate import coverage_plot, decode_all, default_suites, encode, load_suites
 from .spec import Engine, summarize
+from .stats import tau_table
 from .training import TrainConfig, train
 
 EVAL_ROWS_RESERVED = 32  # the demo evaluates rows below this index of each suite; training never sees them
@@ -172,7 +173,7 @@ def train_all(size: Size, work: Path, data: corpus.Corpus, model, tok, device: s
     """{name: (drafter, corrector or selector, info)}: baseline_stages, then from dflash-long and the corrector
     joint_steps joint steps: dcoco-drafter (JOINT_CORR_GRAD) and online (0). Training mutates its drafter and
     corrector, hence the copies."""
-    out = baseline_stages(size, work, data, model, tok, device, progress)
+    out, _ = baseline_stages(size, work, data, model, tok, device, progress)
     base = out["dflash-long"]
     embed, head = model.get_input_embeddings().weight.detach(), model.get_output_embeddings().weight.detach()
     for name, weight in (("dcoco-drafter", JOINT_CORR_GRAD), ("online", 0.0)):
@@ -180,15 +181,15 @@ def train_all(size: Size, work: Path, data: corpus.Corpus, model, tok, device: s
         out[name] = _stage(work / name, cfg, data, embed, head, copy.deepcopy(base[0]),
                            copy.deepcopy(out["corrector"][1]), progress=progress, upstream=base[2]["recipe"],
                            corrector_from=out["corrector"][2]["recipe"])
-    del out["caches"]  # the drafter outputs cached for the frozen stages: not needed past training
     return out
 
 
-def baseline_stages(size: Size, work: Path, data: corpus.Corpus, model, tok, device: str, progress: bool) -> dict:
-    """{name: (drafter, corrector or selector, info)} for dflash (from scratch), dflash-long (dflash + long_steps
-    over the whole head: the baseline) and, on the frozen dflash-long drafter's cached outputs (frozen.py, one
-    contract), corrector (DCOCO, L_corr) and dflash2 (DFlash2's selector), corrector_steps each; "caches" holds
-    the cached outputs for more frozen stages."""
+def baseline_stages(size: Size, work: Path, data: corpus.Corpus, model, tok, device: str,
+                    progress: bool) -> tuple[dict, dict]:
+    """({name: (drafter, corrector or selector, info)}, caches) for dflash (from scratch), dflash-long (dflash +
+    long_steps over the whole head: the baseline) and, on the frozen dflash-long drafter's cached outputs
+    (frozen.py, one contract), corrector (DCOCO, L_corr) and dflash2 (DFlash2's selector), corrector_steps each;
+    caches: frozen_stage's, for more frozen stages on the same drafter."""
     embed = model.get_input_embeddings().weight.detach()
     head = model.get_output_embeddings().weight.detach()
     dcfg = drafter_config(model, tok, LAYERS, SMOLLM2_TAPS, BLOCK, smollm2.MASK_TOKEN_ID)
@@ -203,8 +204,7 @@ def baseline_stages(size: Size, work: Path, data: corpus.Corpus, model, tok, dev
                                                              SELECTOR_RANK))):
         out[name] = frozen_stage(work / name, make, size.corrector_steps, base, data, embed, head, device, caches,
                                  progress)
-    out["caches"] = caches
-    return out
+    return out, caches
 
 
 def frozen_stage(out: Path, make, steps: int, base: tuple, data: corpus.Corpus, embed, head, device: str,
@@ -254,7 +254,7 @@ CONTINUED = "DFlash, trained on alone (the joint drafter's budget)"
 
 def methods(trained: dict, rules: tuple[str, ...]) -> dict[str, tuple]:
     """{method: (drafter, corrector / selector or None, rule)}, DFlash (dflash-long) first."""
-    d0, c0, _ = trained["dflash-long"][0], trained["corrector"][1], None
+    d0, c0 = trained["dflash-long"][0], trained["corrector"][1]
     d1, c1, _ = trained["dcoco-drafter"]
     d2, c2, _ = trained["online"]
     out = {"DFlash": (d0, None, "greedy"), FROZEN: (d0, c0, "greedy")}
@@ -491,9 +491,9 @@ def run(size: str = "default", device: str = "cpu", out: str | Path | None = Non
     refs = simulate.references(model, prompts, s.sim_tokens, next(iter(engines.values())).eos,
                                cache_dir() / "references", progress)
     per = simulate.simulate_all(engines, prompts, refs, s.sim_tokens, progress)
-    sim = {"methods": simulate.report(per, "DFlash"), "max_new_tokens": s.sim_tokens,
-           "ratios": {base: {m: {k: r["overall"][k] for k in ("ratio", "ratio_ci")}
-                             for m, r in simulate.report(per, base).items()} for base in (FROZEN, ONLINE, CONTINUED)},
+    overall = {m: [r for rs in suites.values() for r in rs] for m, suites in per.items()}
+    sim = {"methods": simulate.report(per, "DFlash"), "max_new_tokens": s.sim_tokens,  # per suite too
+           "ratios": {base: tau_table(overall, base) for base in (FROZEN, ONLINE, CONTINUED)},  # overall only
            "seconds": time.monotonic() - t1}
     ev = evaluate_all(model, engines, {n: p[:s.rows] for n, p in prompts.items()}, s.max_new_tokens, progress)
     res = {"size": size, "config": {**dataclasses.asdict(s), "layers": LAYERS, "block_size": BLOCK,
