@@ -12,6 +12,8 @@ blocks). The arms:
                   w = 0 its drafter is dflash-long trained on alone at that schedule: the equal-budget baseline of
                   the other warm arms
   warm-cg<w>-rho<r>  the same with L_corr's position decay rho = r (4: the paper's)
+  warm-cg<w>-acc<n>  the same with n micro-batches per optimizer step and n times fewer steps: the same blocks and
+                  CPU time, a less noisy gradient (suffixes combine: warm-cg1-rho1-acc4)
 
 Each arm is trained once (resumable; stages cached under $DCOCO_CACHE/demo-full/study, the warm arms with the
 demo's joint-stage recipe in the demo's own dcoco-drafter and online folders) and simulated once on
@@ -35,7 +37,7 @@ from pathlib import Path
 
 import torch
 
-from dcoco import demo, simulate
+from dcoco import demo, plots as figures, simulate
 from dcoco.corrector import Corrector
 from dcoco.evaluate import encode
 from dcoco.recipe import SMOLLM2, cache_dir, load_target
@@ -50,19 +52,22 @@ def arm_settings(name: str, warm_steps: int, warm_lr: float, size: demo.Size) ->
     m = re.fullmatch(r"frozen-(\d+)k", name)
     if m:
         return {"kind": "frozen", "blocks": int(m[1]) * 1000}
-    m = re.fullmatch(r"(cold|warm)-cg([0-9.]+)(?:-rho([0-9.]+))?", name)
+    m = re.fullmatch(r"(cold|warm)-cg([0-9.]+)(?:-rho([0-9.]+))?(?:-acc([0-9]+))?", name)
     if not m:
-        raise ValueError(f"arm: {name!r} is none of frozen-<n>k, cold-cg<w>, warm-cg<w>[-rho<r>]")
-    cold = m[1] == "cold"
-    return {"kind": m[1], "corr_grad": float(m[2]), "rho": float(m[3] or 4.0),
-            "steps": size.long_steps if cold else warm_steps, "lr": COLD_LR if cold else warm_lr}
+        raise ValueError(f"arm: {name!r} is none of frozen-<n>k, cold-cg<w>, warm-cg<w>[-rho<r>][-acc<n>]")
+    cold, accum = m[1] == "cold", int(m[4] or 1)
+    steps = size.long_steps if cold else warm_steps
+    if accum < 1 or steps % accum:
+        raise ValueError(f"arm: {name!r}: acc{accum} must divide the arm's {steps} steps")
+    return {"kind": m[1], "corr_grad": float(m[2]), "rho": float(m[3] or 4.0), "grad_accum": accum,
+            "steps": steps // accum, "lr": COLD_LR if cold else warm_lr}
 
 
 def demo_stage(name: str, st: dict, cfg: TrainConfig, size: demo.Size) -> str:
     """The folder under the demo's work folder: the demo's own joint and online stages for the warm arms that
     have their recipe (one training serves both), study/<name> otherwise."""
     if (st["kind"] == "warm" and cfg.steps == size.joint_steps and cfg.lr == demo.JOINT_LR and
-            cfg.rho == TrainConfig.rho and cfg.corr_grad in (demo.JOINT_CORR_GRAD, 0.0)):
+            cfg.rho == TrainConfig.rho and cfg.grad_accum == 1 and cfg.corr_grad in (demo.JOINT_CORR_GRAD, 0.0)):
         return "dcoco-drafter" if cfg.corr_grad == demo.JOINT_CORR_GRAD else "online"
     return f"study/{name}"
 
@@ -74,7 +79,8 @@ def train_arm(name: str, st: dict, base: dict, caches: dict, size: demo.Size, wo
                                  st["blocks"] // demo.FROZEN_BATCH, base["dflash-long"], data, embed, head, "cpu",
                                  caches, progress, drafts=work)
     start, corr = (base["dflash"], None) if st["kind"] == "cold" else (base["dflash-long"], base["corrector"])
-    cfg = demo.stage_config("joint", st["steps"], "cpu", corr_grad=st["corr_grad"], rho=st["rho"], lr=st["lr"])
+    cfg = demo.stage_config("joint", st["steps"], "cpu", corr_grad=st["corr_grad"], rho=st["rho"], lr=st["lr"],
+                            grad_accum=st["grad_accum"])
     return demo._stage(work / demo_stage(name, st, cfg, size), cfg, data, embed, head, copy.deepcopy(start[0]),
                        None if corr is None else copy.deepcopy(corr[1]), progress=progress,
                        upstream=start[2]["recipe"], corrector_from=None if corr is None else corr[2]["recipe"])
@@ -133,6 +139,25 @@ def row(rep: dict, vs_frozen: dict, info: dict | None) -> dict:
             "suites": {s: r["tau"] for s, r in rep["suites"].items()}}
 
 
+def forest(methods: dict[str, dict], path: Path) -> None:
+    """Each method's tau ratio over DFlash and over the frozen-drafter corrector with its paired 95% CI, one row a
+    method: which arms separate from which, at a glance."""
+    plt = figures.pyplot()
+    names = [m for m in methods if m != "DFlash"][::-1]
+    fig, axes = plt.subplots(1, 2, figsize=(11, 0.42 * len(names) + 1.4), sharey=True)
+    for ax, key, base in zip(axes, ("ratio", "ratio_over_frozen"), ("DFlash", "the frozen-drafter corrector")):
+        for y, m in enumerate(names):
+            r, ci = methods[m][key], methods[m][key + "_ci"]
+            lo, hi = ci if ci else (r, r)
+            ax.errorbar(r, y, xerr=[[r - lo], [hi - r]], fmt="o", capsize=3,
+                        color="tab:blue" if "alone" not in m else "tab:gray")
+        ax.axvline(1.0, color="black", linewidth=0.8)
+        ax.set_xlabel(f"tau / tau of {base} (paired 95% CI)")
+        ax.grid(axis="x", alpha=0.3)
+    axes[0].set_yticks(range(len(names)), names)
+    figures.save(fig, path)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--arms", nargs="+", default=["frozen-51k", "warm-cg0", "warm-cg1"])
@@ -143,7 +168,7 @@ def main() -> None:
     ap.add_argument("--grads", action="store_true", help="also run the gradient probe")
     ap.add_argument("--grad-batches", type=int, default=8)
     ap.add_argument("--size", default="full", choices=sorted(demo.SIZES), help="the demo size whose stages to use")
-    ap.add_argument("--out", default="bench/results/joint-study.json")
+    ap.add_argument("--out", default="bench/results/joint-study.json", help="the JSON; the figure beside it (.png)")
     args = ap.parse_args()
     t0, size, work = time.monotonic(), demo.SIZES[args.size], demo.workdir(args.size)
     settings = {a: arm_settings(a, args.warm_steps, args.warm_lr, size) for a in args.arms}  # bad names fail first
@@ -196,7 +221,8 @@ def main() -> None:
               f"{g['corr_mean_gradient_norm_over_mean_norm']:.3f}")
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text(json.dumps(res, indent=2) + "\n")
-    print(f"wrote {args.out} ({res['seconds']:.0f} s)")
+    forest(res["methods"], Path(args.out).with_suffix(".png"))
+    print(f"wrote {args.out} and its figure ({res['seconds']:.0f} s)")
 
 
 if __name__ == "__main__":

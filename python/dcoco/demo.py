@@ -124,8 +124,9 @@ def build_corpus(model, size: Size, progress: bool, taps: tuple[int, ...] = tupl
 def recipe(cfg: TrainConfig, upstream: dict | None, corrector_from: dict | None = None) -> dict:
     """What a stage's result depends on: its training settings, the recipe of the stage its drafter starts from
     and, for a warm-started corrector, the recipe of the one it starts from."""
-    return {"mode": cfg.mode, "steps": cfg.steps, "loss_vocab": cfg.loss_vocab, "corr_grad": cfg.corr_grad,
-            "lr": cfg.lr, "warmup": cfg.warmup, "rho": cfg.rho, "from": upstream, "corrector_from": corrector_from}
+    return {"mode": cfg.mode, "steps": cfg.steps, "grad_accum": cfg.grad_accum, "loss_vocab": cfg.loss_vocab,
+            "corr_grad": cfg.corr_grad, "lr": cfg.lr, "warmup": cfg.warmup, "rho": cfg.rho, "from": upstream,
+            "corrector_from": corrector_from}
 
 
 def _key(want: dict) -> str:
