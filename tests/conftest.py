@@ -8,8 +8,8 @@ import pytest
 import torch
 
 import dcoco
-from dcoco import _ops, native
-from dcoco import reference as ref
+from dcoco.ops import library as _ops, native
+from dcoco.testing import reference as ref
 
 
 @pytest.fixture(autouse=True)

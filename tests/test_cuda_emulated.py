@@ -15,8 +15,8 @@ import numpy as np
 import pytest
 import torch
 
-from dcoco import _ops
-from dcoco.checks import RULES
+from dcoco.ops import library as _ops
+from dcoco.ops.checks import RULES
 
 from conftest import assert_walk_matches, make_case
 

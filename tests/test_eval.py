@@ -13,12 +13,12 @@ pytest.importorskip("matplotlib", reason="dcoco eval plots with matplotlib")
 
 from test_spec import dflash_cfg, llama  # noqa: E402
 
-from dcoco import checkpoint  # noqa: E402
+from dcoco.modeling import checkpoint  # noqa: E402
 from dcoco.cli import main  # noqa: E402
 from dcoco.corrector import Corrector  # noqa: E402
-from dcoco.dflash import DFlashDrafter  # noqa: E402
-from dcoco.evaluate import evaluate, load_suites, table, write  # noqa: E402
-from dcoco.spec import KS, Engine  # noqa: E402
+from dcoco.modeling.dflash import DFlashDrafter  # noqa: E402
+from dcoco.specdec.evaluate import evaluate, load_suites, table, write  # noqa: E402
+from dcoco.specdec.engine import KS, Engine  # noqa: E402
 
 SUITES = {"a": [[3, 17, 5, 9], [40, 2, 2, 11]], "b": [[7, 7, 1, 33, 60]]}
 
@@ -80,7 +80,8 @@ def test_suite_loader(tmp_path):
 def test_chats_rows_as_bench_draws_them_every_turn_in_context(target, drafter, tmp_path, monkeypatch):
     from transformers import AutoTokenizer
 
-    from dcoco import evaluate as ev, serve_bench
+    from dcoco.specdec import evaluate as ev
+    from dcoco.serve import serve_bench
 
     _tiny_target_dir(tmp_path / "target", target)
     tok = AutoTokenizer.from_pretrained(tmp_path / "target")

@@ -5,8 +5,8 @@ import pytest
 import torch
 
 import dcoco
-from dcoco import _ops
-from dcoco import reference as ref
+from dcoco.ops import library as _ops
+from dcoco.testing import reference as ref
 
 from conftest import backend_score, make_case
 
@@ -36,7 +36,7 @@ def test_gradcheck_float64(R, B, K, d, fast):
 
 
 def reference_grads(c, G):
-    """Gradients of sum(S * G) by autograd through dcoco.reference, in float64."""
+    """Gradients of sum(S * G) by autograd through dcoco.testing.reference, in float64."""
     h = c.hidden.double().requires_grad_()
     lg = c.cand_logits.double().requires_grad_()
     ws = [w.detach().double().requires_grad_() for w in c.corrector.weights()]

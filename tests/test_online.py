@@ -15,9 +15,12 @@ import torch
 
 pytest.importorskip("transformers", reason="training needs the demo extra (pip install '.[demo]')")
 
-from dcoco import cli, corpus as corpus_mod, recipe, tiny  # noqa: E402
-from dcoco.online import TargetFeatures, TokenCorpus  # noqa: E402
-from dcoco.training import Schedule, TrainConfig, collate, train  # noqa: E402
+from dcoco import cli  # noqa: E402
+from dcoco.target import corpus as corpus_mod  # noqa: E402
+from dcoco.train import recipe  # noqa: E402
+from dcoco.testing import tiny  # noqa: E402
+from dcoco.train.online import TargetFeatures, TokenCorpus  # noqa: E402
+from dcoco.train.training import Schedule, TrainConfig, collate, train  # noqa: E402
 from test_training import WRAPPER  # noqa: E402
 
 SETTINGS = corpus_mod.CorpusSettings(tiny.TAPS, max_new_tokens=24, gen_batch=4, feat_batch=4)

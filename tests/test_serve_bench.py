@@ -21,10 +21,10 @@ import pytest
 pytest.importorskip("httpx", reason="dcoco bench needs httpx (pip install httpx)")
 pytest.importorskip("matplotlib", reason="dcoco bench plots with matplotlib")
 
-from dcoco import serve_bench as sb  # noqa: E402
-from dcoco import serve_bench_report as report  # noqa: E402
+from dcoco.serve import serve_bench as sb  # noqa: E402
+from dcoco.serve import serve_bench_report as report  # noqa: E402
 from dcoco.cli import main  # noqa: E402
-from dcoco.evaluate import default_suites  # noqa: E402
+from dcoco.specdec.evaluate import default_suites  # noqa: E402
 
 
 class Server(ThreadingHTTPServer):

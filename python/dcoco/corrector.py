@@ -8,7 +8,7 @@ import warnings
 import torch
 from torch import nn
 
-from . import _ops, backend, native
+from .ops import library as _ops, backend, native
 
 
 class Corrector(nn.Module):

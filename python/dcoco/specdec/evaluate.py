@@ -14,9 +14,9 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from . import plots
-from .corpus import chat_ids
-from .spec import KS, Engine, Result, summarize, target_only
+from .. import plots
+from ..target.corpus import chat_ids
+from .engine import KS, Engine, Result, summarize, target_only
 
 SUITES_HINT = ("prompt suites are JSONL files of {\"turns\": [...]} lines (like the eval_datasets/ folder of the "
                "DeepSpec repository, which dcoco ships in dcoco/data/suites); pass a folder or files with --suites")
@@ -144,7 +144,7 @@ def decode_all(target: nn.Module, engines: Mapping[str, Engine], suites: Mapping
 def load_chats(paths: Sequence[str | Path] | None = None, rows: int | None = 8) -> dict[str, list[list[str]]]:
     """{suite: the user turns of each chosen row}: `dcoco bench`'s rows (serve_bench.subset: drawn with its seed,
     the same rows as `dcoco bench --rows N`; None: the paper's subsets; serve_bench.ALL: every row), every turn."""
-    from . import serve_bench
+    from ..serve import serve_bench
 
     bad = isinstance(rows, bool) or not isinstance(rows, int) or (rows < 1 and rows != serve_bench.ALL)
     if rows is not None and bad:
@@ -294,9 +294,9 @@ def run(drafter: str, target: str = "smollm2", suites: Sequence[str] | None = No
     turn of `rows` rows per suite (load_chats), print the table, write under out. rule / num_candidates default to
     the checkpoint's dcoco_config (greedy / 16 without one). Exits loudly (stderr) on a greedy losslessness
     failure; the caller sets the exit code."""
-    from . import checkpoint
-    from .dflash import read_config
-    from .recipe import load_target
+    from ..modeling import checkpoint
+    from ..modeling.dflash import read_config
+    from ..train.recipe import load_target
 
     chats = load_chats(suites, rows)  # before the slow loads: a bad path fails at once
     d, c = checkpoint.load(drafter)  # and so does a bad drafter, or a bad rule, lam or K

@@ -21,7 +21,7 @@ from pathlib import Path
 
 from tqdm import tqdm
 
-from . import serve_bench
+from ..serve import serve_bench
 
 ROLES_USER = ("user", "human")
 ROLES_SYSTEM = ("system",)

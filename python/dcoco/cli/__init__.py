@@ -50,7 +50,7 @@ def _ints(text: str) -> list[int]:
 
 
 def _train_parser(p: argparse.ArgumentParser) -> None:
-    from .training import TrainConfig
+    from ..train.training import TrainConfig
 
     d = TrainConfig()
     g = p.add_argument_group("what to train")
@@ -166,7 +166,8 @@ def _data_parser(p: argparse.ArgumentParser) -> None:
 
 
 def _data(args: argparse.Namespace) -> int:
-    from . import datagen, smollm2
+    from ..train import datagen
+    from ..target import smollm2
 
     try:
         if args.target == "smollm2":
@@ -250,7 +251,7 @@ def _bench_parser(p: argparse.ArgumentParser) -> None:
 
 
 def _bench(args: argparse.Namespace) -> int:
-    from . import serve_bench, serve_bench_report as report
+    from ..serve import serve_bench, serve_bench_report as report
 
     try:
         if args.bench_cmd == "compare":
@@ -303,7 +304,7 @@ def _train(argv: list[str], args: argparse.Namespace) -> int:
     that stage finished, resumed when it holds it interrupted, and refused when it holds anything else (unless
     --overwrite); every stage's settings are checked before any work. Without a recipe, an --out holding a run
     needs --resume or --overwrite."""
-    from . import recipe
+    from ..train import recipe
 
     stages, given = [{}], _given_out(argv)  # a ValueError here or below: main's one line, "dcoco train: ..."
     if args.config:
@@ -367,7 +368,7 @@ def _stage_runs(args: argparse.Namespace, stages: list[dict], given_out: bool) -
 def _stage_state(cfg, overwrite: bool) -> str:
     """What a recipe's stage does with its folder: "done" (finished with these settings), "resume" (interrupted
     with them) or "fresh"; ValueError when it holds another run and overwrite is off."""
-    from .training import run_differences, run_files, saved_progress
+    from ..train.training import run_differences, run_files, saved_progress
 
     held = run_files(cfg.out)
     if not held:
@@ -383,7 +384,7 @@ def _stage_state(cfg, overwrite: bool) -> str:
 
 
 def _dry_run(a: argparse.Namespace, cfg, kw: dict) -> dict:
-    from . import recipe
+    from ..train import recipe
 
     world = a.world_size or int(os.environ.get("WORLD_SIZE", "1"))
     seq_len = a.seq_len or a.max_prompt_tokens + a.max_new_tokens
@@ -400,7 +401,7 @@ def _dry_run(a: argparse.Namespace, cfg, kw: dict) -> dict:
 
 def train_options(args: argparse.Namespace) -> tuple:
     """(TrainConfig, keyword arguments of recipe.run) from parsed `dcoco train` arguments."""
-    from .training import TrainConfig
+    from ..train.training import TrainConfig
 
     cfg = TrainConfig(mode=args.mode, out=args.out, epochs=args.epochs, steps=args.steps, stop_at=args.stop_at,
                       max_time=args.max_time, seqs_per_step=args.seqs_per_step, grad_accum=args.grad_accum,
@@ -435,17 +436,17 @@ def main(argv=None) -> int:
 
 def _run(args: argparse.Namespace, argv) -> int:
     if args.cmd == "info":
-        from . import build_info
+        from .. import build_info
         print(json.dumps(build_info(), indent=2))
         return 0
     if args.cmd == "export-smollm2":
-        from . import smollm2
+        from ..target import smollm2
         print(smollm2.export(args.out))
         return 0
     if args.cmd == "data":
         return _data(args)
     if args.cmd == "export":
-        from . import checkpoint
+        from ..modeling import checkpoint
         try:
             print(checkpoint.export(args.checkpoint, args.out, drafter_only=args.drafter_only, dtype=args.dtype))
         except ValueError as e:
@@ -454,12 +455,12 @@ def _run(args: argparse.Namespace, argv) -> int:
     if args.cmd == "train":
         return _train(argv if argv is not None else sys.argv[1:], args)
     if args.cmd == "eval":
-        from . import evaluate
+        from ..specdec import evaluate
         if args.hub:
             raise SystemExit("dcoco eval: --hub is not supported yet; download the suites (JSONL of "
                              "{\"turns\": [...]} lines) and pass them with --suites")
         try:
-            from .serve_bench import parse_rows
+            from ..serve.serve_bench import parse_rows
             rows = parse_rows(None if args.rows == "paper" else args.rows)
             res = evaluate.run(args.drafter, args.target, args.suites, rows, args.max_new_tokens,
                                args.temperature, args.top_p, args.top_k, corrector=not args.no_corrector,
@@ -479,6 +480,3 @@ def _run(args: argparse.Namespace, argv) -> int:
     demo_mod.show(res)
     return 0 if res["eval"]["lossless"] else 1
 
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -19,7 +19,7 @@ import time
 from collections.abc import Sequence
 from pathlib import Path
 
-from .evaluate import suite_files
+from ..specdec.evaluate import suite_files
 
 # the paper's ten suites in its table order: file stem -> (domain, name shown)
 SUITES = {"math500": ("Math", "MATH-500"), "aime25": ("Math", "AIME-25"), "gsm8k": ("Math", "GSM8K"),

@@ -11,9 +11,11 @@ from types import SimpleNamespace
 import torch
 import torch.distributed as dist
 
-from . import checkpoint, datagen, smollm2
-from .corpus import CorpusSettings, build_corpus, corpus_key, encode_prompts, load_prompts
-from .dflash import DFlashConfig, build_target_layer_ids
+from ..modeling import checkpoint
+from . import datagen
+from ..target import smollm2
+from ..target.corpus import CorpusSettings, build_corpus, corpus_key, encode_prompts, load_prompts
+from ..modeling.dflash import DFlashConfig, build_target_layer_ids
 from .online import TargetFeatures, TokenCorpus, shared_responses
 from .training import TrainConfig, TrainResult, init_distributed, resolve_device, train
 
@@ -148,8 +150,8 @@ def plan(cfg: TrainConfig, target: str = SMOLLM2, init: str | None = None, layer
     """`dcoco train --dry-run`: the per-rank memory plan (memplan.Plan) of a run, from configs alone (no weights).
     gpu_memory: GiB per device, which also makes it a CUDA plan on a machine without one (default: this device's)."""
     from . import memplan
-    from .checkpoint import ARCHITECTURE
-    from .dflash import ARCHITECTURE as DFLASH
+    from ..modeling.checkpoint import ARCHITECTURE
+    from ..modeling.dflash import ARCHITECTURE as DFLASH
 
     if features not in FEATURES:
         raise ValueError(f"features: expected one of {FEATURES}, got {features!r}")

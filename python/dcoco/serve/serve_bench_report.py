@@ -9,7 +9,7 @@ import statistics
 from collections.abc import Sequence
 from pathlib import Path
 
-from . import plots
+from .. import plots
 from .serve_bench import SUITES, order
 
 MODES = ("greedy", "sampling")

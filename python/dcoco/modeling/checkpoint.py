@@ -11,8 +11,8 @@ import json
 from pathlib import Path
 
 import torch
-from . import _ops
-from .corrector import Corrector
+from ..ops import library as _ops
+from ..corrector import Corrector
 from .dflash import ARCHITECTURE as DFLASH_ARCHITECTURE
 from .dflash import DFlashDrafter, read_config, read_tensors
 

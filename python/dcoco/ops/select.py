@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from . import _ops, backend, native
+from . import library as _ops, backend, native
 
 
 def select(scores: torch.Tensor, first_logits: torch.Tensor, rule: str = "greedy", lam: float = 0.75) -> torch.Tensor:
