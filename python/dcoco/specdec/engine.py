@@ -20,7 +20,7 @@ from collections.abc import Sequence
 import torch
 from torch import nn
 
-from ..ops import library as _ops
+from ..ops import fused
 from ..corrector import Corrector
 from ..modeling.dflash import DFlashDrafter
 from ..ops.select import sample, select
@@ -287,13 +287,13 @@ class Engine:
     @staticmethod
     def check_selection(rule: str, lam: float, num_candidates: int) -> None:
         """ValueError naming a bad rule, lam or num_candidates (before any model is loaded, where that is slow)."""
-        if rule not in _ops.RULES:
-            raise ValueError(f"rule: expected one of {sorted(_ops.RULES)}, got {rule!r}")
+        if rule not in fused.RULES:
+            raise ValueError(f"rule: expected one of {sorted(fused.RULES)}, got {rule!r}")
         if isinstance(lam, bool) or not (isinstance(lam, (int, float)) and math.isfinite(lam)):
             raise ValueError(f"lam: expected a finite number, got {lam!r}")
         if isinstance(num_candidates, bool) or not isinstance(num_candidates, int) or not (
-                1 <= num_candidates <= _ops.MAX_CANDIDATES):
-            raise ValueError(f"num_candidates: expected an integer in [1, {_ops.MAX_CANDIDATES}], "
+                1 <= num_candidates <= fused.MAX_CANDIDATES):
+            raise ValueError(f"num_candidates: expected an integer in [1, {fused.MAX_CANDIDATES}], "
                              f"got {num_candidates!r}")
 
     @torch.no_grad()
