@@ -31,7 +31,8 @@ from dcoco.target import smollm2
 from dcoco.corrector import Corrector
 from dcoco.modeling.dflash import DFlashDrafter
 from dcoco.specdec.evaluate import encode
-from dcoco.train.recipe import SMOLLM2, SMOLLM2_TAPS, cache_dir, drafter_config, load_target
+from dcoco.target.load import SMOLLM2, load_target
+from dcoco.train.recipe import SMOLLM2_TAPS, cache_dir, drafter_config
 from dcoco.modeling.selector import CandidateSelector
 from dcoco.specdec.engine import Engine
 from dcoco.train.training import TrainConfig, train

@@ -42,7 +42,8 @@ from dcoco import plots as figures
 from dcoco.specdec import simulate
 from dcoco.corrector import Corrector
 from dcoco.specdec.evaluate import encode
-from dcoco.train.recipe import SMOLLM2, cache_dir, load_target
+from dcoco.target.load import SMOLLM2, load_target
+from dcoco.train.recipe import cache_dir
 from dcoco.specdec.engine import Engine
 from dcoco.train.training import Objective, Schedule, TrainConfig
 

@@ -28,7 +28,8 @@ from dcoco.cli import demo
 from dcoco.specdec import simulate
 from dcoco.modeling.dflash import DFlashDrafter
 from dcoco.specdec.evaluate import encode
-from dcoco.train.recipe import SMOLLM2, SMOLLM2_TAPS, cache_dir, drafter_config, load_target
+from dcoco.target.load import SMOLLM2, load_target
+from dcoco.train.recipe import SMOLLM2_TAPS, cache_dir, drafter_config
 from dcoco.specdec.engine import Engine
 from dcoco.train.training import TrainConfig, train
 

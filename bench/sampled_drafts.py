@@ -20,8 +20,9 @@ import torch
 
 from dcoco.modeling import checkpoint
 from dcoco.specdec import stats
-from dcoco.specdec.evaluate import decode_all, encode, load_suites
-from dcoco.train.recipe import SMOLLM2, load_target
+from dcoco.specdec.evaluate import decode_all, encode
+from dcoco.suites import load_suites
+from dcoco.target.load import SMOLLM2, load_target
 from dcoco.specdec.engine import Engine, summarize
 
 SHIPPED = Path(__file__).parents[1] / "tests" / "data" / "smollm2-dcoco"

@@ -30,7 +30,8 @@ import torch  # noqa: E402
 from dcoco.modeling import checkpoint  # noqa: E402
 from dcoco.target import smollm2  # noqa: E402
 from dcoco.specdec import stats  # noqa: E402
-from dcoco.specdec.evaluate import encode, load_suites  # noqa: E402
+from dcoco.specdec.evaluate import encode  # noqa: E402
+from dcoco.suites import load_suites  # noqa: E402
 from dcoco.specdec.engine import Result  # noqa: E402
 
 ROOT = Path(__file__).parents[1]

@@ -31,7 +31,7 @@ from pathlib import Path
 from dcoco.modeling import checkpoint
 from dcoco.cli import demo
 from dcoco.target import smollm2
-from dcoco.specdec.evaluate import load_suites
+from dcoco.suites import load_suites
 
 # system -> the demo's drafter directory. DFlash is dflash-long; against it, at equal training compute, DCOCO (the
 # joint dcoco-drafter) and the corrector trained on the frozen dflash-long (corrector: the same drafter, corrected).

@@ -19,7 +19,7 @@ import torch
 
 from dcoco.target import corpus, smollm2
 from dcoco.cli import demo
-from dcoco.specdec.evaluate import default_suites
+from dcoco.suites import default_suites
 
 
 def main() -> None:

@@ -25,7 +25,8 @@ from dcoco.modeling import checkpoint  # noqa: E402
 from dcoco import cli  # noqa: E402
 from dcoco.cli import demo  # noqa: E402
 from dcoco.target import smollm2  # noqa: E402
-from dcoco.specdec.evaluate import encode, load_suites  # noqa: E402
+from dcoco.specdec.evaluate import encode  # noqa: E402
+from dcoco.suites import load_suites  # noqa: E402
 from dcoco.testing.vllm_server import VLLMServer  # noqa: E402
 from test_vllm import _spec_counters  # noqa: E402
 

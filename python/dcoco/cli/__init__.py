@@ -252,6 +252,7 @@ def _bench_parser(p: argparse.ArgumentParser) -> None:
 
 def _bench(args: argparse.Namespace) -> int:
     from ..serve import serve_bench, serve_bench_report as report
+    from ..suites import parse_rows
 
     try:
         if args.bench_cmd == "compare":
@@ -264,7 +265,7 @@ def _bench(args: argparse.Namespace) -> int:
             raise ValueError(f"the following arguments are required: {', '.join(missing)}")
         _, failed = serve_bench.run(
             args.endpoint, args.model, args.out, args.suites, args.only.split(",") if args.only else None, args.hub,
-            serve_bench.parse_rows(args.rows), args.max_tokens, serve_bench.parse_seeds(args.seeds),
+            parse_rows(args.rows), args.max_tokens, serve_bench.parse_seeds(args.seeds),
             args.temperature, serve_bench.parse_concurrency(args.concurrency), args.timeout, args.thinking,
             progress=not args.no_progress)
     except ValueError as e:
@@ -460,7 +461,7 @@ def _run(args: argparse.Namespace, argv) -> int:
             raise SystemExit("dcoco eval: --hub is not supported yet; download the suites (JSONL of "
                              "{\"turns\": [...]} lines) and pass them with --suites")
         try:
-            from ..serve.serve_bench import parse_rows
+            from ..suites import parse_rows
             rows = parse_rows(None if args.rows == "paper" else args.rows)
             res = evaluate.run(args.drafter, args.target, args.suites, rows, args.max_new_tokens,
                                args.temperature, args.top_p, args.top_k, corrector=not args.no_corrector,

@@ -46,8 +46,10 @@ from .. import plots as figures  # demo.plots draws the demo's figures
 from ..corrector import Corrector
 from ..modeling.selector import CandidateSelector
 from ..modeling.dflash import DFlashDrafter
-from ..train.recipe import SMOLLM2, SMOLLM2_TAPS, cache_dir, drafter_config, load_target
-from ..specdec.evaluate import coverage_plot, decode_all, default_suites, encode, load_suites
+from ..suites import default_suites, load_suites
+from ..target.load import SMOLLM2, load_target
+from ..train.recipe import SMOLLM2_TAPS, cache_dir, drafter_config
+from ..specdec.evaluate import coverage_plot, decode_all, encode
 from ..specdec.engine import Engine, summarize
 from ..specdec.stats import tau_table
 from ..train.training import TrainConfig, train

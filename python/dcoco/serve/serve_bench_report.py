@@ -10,7 +10,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from .. import plots
-from .serve_bench import SUITES, order
+from ..suites import SUITES, order
 
 MODES = ("greedy", "sampling")
 

@@ -12,32 +12,20 @@ import torch
 import torch.distributed as dist
 
 from ..modeling import checkpoint
-from . import datagen
+from ..modeling.dflash import DFlashConfig, build_target_layer_ids
 from ..target import smollm2
 from ..target.corpus import CorpusSettings, build_corpus, corpus_key, encode_prompts, load_prompts
-from ..modeling.dflash import DFlashConfig, build_target_layer_ids
+from ..target.load import SMOLLM2, load_target
+from . import datagen
 from .online import TargetFeatures, TokenCorpus, shared_responses
 from .training import TrainConfig, TrainResult, init_distributed, resolve_device, train
 
-SMOLLM2 = "smollm2"
 SMOLLM2_TAPS = [1, 15, 27]  # the taps of the feasibility run (notes/smollm2-feasibility.md)
 FEATURES = ("auto", "cache", "online")
 
 
 def cache_dir() -> Path:
     return Path(os.environ.get("DCOCO_CACHE", Path.home() / ".cache" / "dcoco"))
-
-
-def load_target(name: str = SMOLLM2, dtype: torch.dtype | None = None):
-    """(tokenizer, model) in eval mode: "smollm2" is the embedded target, anything else a transformers
-    causal LM directory or hub id. dtype: the weights' dtype (default: transformers' default)."""
-    if name == SMOLLM2:
-        tok, model = smollm2.load()
-        return tok, model if dtype is None else model.to(dtype)
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-
-    kw = {} if dtype is None else {"dtype": dtype}
-    return AutoTokenizer.from_pretrained(name), AutoModelForCausalLM.from_pretrained(name, **kw).eval()
 
 
 def local_checkpoint(name: str) -> Path:
