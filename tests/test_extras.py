@@ -24,7 +24,8 @@ ROOT = Path(__file__).parents[1]
 PKG = ROOT / "python" / "dcoco"
 PYPROJECT = tomllib.loads((ROOT / "pyproject.toml").read_text())
 
-# the extra each command needs beyond [project].dependencies (None: none); cli.py's commands must match the keys
+# the extra each command needs beyond [project].dependencies (None: none); cli/__init__.py's commands must match
+# the keys
 COMMAND_EXTRA = {
     "demo": "demo",
     "info": None,
@@ -245,7 +246,7 @@ def distribution(module_name: str) -> set[str]:
 
 @cache
 def cli_commands() -> dict[str, list[ast.stmt]]:
-    """{command: the code of cli.main that runs it}, from cli.py: parser()'s subcommands and main()'s (its
+    """{command: the code of cli.main that runs it}, from cli/__init__.py: parser()'s subcommands and main()'s (its
     _run's) `if args.cmd ==` branches (the command none of them names runs after the last one), each with what main runs
     before them."""
     tree = ast.parse((PKG / "cli" / "__init__.py").read_text())
