@@ -6,8 +6,8 @@ the training op (score and its compiled backward) on the CPU.
   python bench/summarize.py bench/results/cpu.json      # the markdown table of bench/README.md
 
 Groups R=1, 8, 32 (d=4096, B=15, K=16, V=151936, bf16 inputs), each with: the fused forward with and
-without the prepared vocabulary table, the native backend (dcoco.native: the same rewrites in plain PyTorch)
-with and without the same table, and the literal reference (dcoco.reference, materialised 386-wide MLP
+without the prepared vocabulary table, the native backend (dcoco.ops.native: the same rewrites in plain PyTorch)
+with and without the same table, and the literal reference (dcoco.testing.reference, materialised 386-wide MLP
 inputs). Groups "train R=1, 8, 32": dcoco::score forward, its backward (score_backward) alone, forward +
 backward through autograd, against the native score forward and forward + backward (autograd, chunks
 recomputed)."""
@@ -16,8 +16,8 @@ import pytest
 import torch
 
 import dcoco
-from dcoco import native
-from dcoco import reference as ref
+from dcoco.ops import native
+from dcoco.testing import reference as ref
 
 D, V, B, K = 4096, 151936, 15, 16
 

@@ -23,14 +23,19 @@ from pathlib import Path
 
 import torch
 
-from dcoco import demo, frozen, plots, simulate, smollm2
+from dcoco.cli import demo
+from dcoco.train import frozen
+from dcoco import plots
+from dcoco.specdec import simulate
+from dcoco.target import smollm2
 from dcoco.corrector import Corrector
-from dcoco.dflash import DFlashDrafter
-from dcoco.evaluate import encode
-from dcoco.recipe import SMOLLM2, SMOLLM2_TAPS, cache_dir, drafter_config, load_target
-from dcoco.selector import CandidateSelector
-from dcoco.spec import Engine
-from dcoco.training import TrainConfig, train
+from dcoco.modeling.dflash import DFlashDrafter
+from dcoco.specdec.evaluate import encode
+from dcoco.target.load import SMOLLM2, load_target
+from dcoco.train.recipe import SMOLLM2_TAPS, cache_dir, drafter_config
+from dcoco.modeling.selector import CandidateSelector
+from dcoco.specdec.engine import Engine
+from dcoco.train.training import TrainConfig, train
 
 
 def drafters(model, tok, budget: int) -> dict[str, tuple[DFlashDrafter, int]]:

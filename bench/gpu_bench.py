@@ -17,8 +17,8 @@ from pathlib import Path
 import torch
 
 import dcoco
-from dcoco import native
-from dcoco import reference as ref
+from dcoco.ops import native
+from dcoco.testing import reference as ref
 
 
 D, V, B, K, r, H = 4096, 151936, 15, 16, 128, 256

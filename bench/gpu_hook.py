@@ -1,4 +1,4 @@
-"""The plugin's whole draft-logits hook without vLLM (bench/gpu_check.sh): dcoco.hook.on_logits as the plugin runs
+"""The plugin's whole draft-logits hook without vLLM (bench/gpu_check.sh): dcoco.serve.hook.on_logits as the plugin runs
 it (top-K of bf16 logits, the greedy corrector over the prepared table, the hand-back), point_mass False and True,
 on both backends, eager and replayed from a CUDA graph; its drafts checked against the CPU core on the same inputs,
 and timed against plain DFlash's hand-back (argmax only, no corrector). Writes --out after every case, so a run cut
@@ -27,8 +27,8 @@ from pathlib import Path
 import torch
 
 import dcoco
-from dcoco import hook
-from dcoco import reference as ref
+from dcoco.serve import hook
+from dcoco.testing import reference as ref
 
 N, K = 15, 16
 TOL = 1e-4  # bf16 inputs on the tensor-core paths (tests/test_cuda.py's tolerance)

@@ -1,4 +1,4 @@
-"""A short `dcoco train --mode joint` on a tiny random target (dcoco.tiny), on the given device, under the
+"""A short `dcoco train --mode joint` on a tiny random target (dcoco.testing.tiny), on the given device, under the
 backend DCOCO_BACKEND selects, with the target's features captured online or from a cache. A standalone check
 on a GPU (bench/gpu_check.sh leaves it out: the device call's time goes to the fused kernel's checks, and the
 tests cover the backward); also runs on a CPU. Prints one JSON line: {backend, device, features,
@@ -14,7 +14,8 @@ import time
 from pathlib import Path
 
 import dcoco
-from dcoco import cli, tiny
+from dcoco import cli
+from dcoco.testing import tiny
 
 
 def main() -> None:
@@ -34,7 +35,7 @@ def main() -> None:
                                       *(["--grad-checkpoint"] if args.grad_checkpoint else [])))
         log = tmp / "out" / "log.jsonl"
         rows = [json.loads(x) for x in log.read_text().splitlines()] if log.exists() else []
-        print(json.dumps({"backend": dcoco.backend.resolve(args.device)[0], "device": args.device,
+        print(json.dumps({"backend": dcoco.ops.backend.resolve(args.device)[0], "device": args.device,
                           "features": args.features, "grad_checkpoint": args.grad_checkpoint,
                           "requested": args.steps, "returncode": rc,
                           "steps": len(rows), "first": rows[0] if rows else None, "last": rows[-1] if rows else None,

@@ -37,12 +37,15 @@ from pathlib import Path
 
 import torch
 
-from dcoco import demo, plots as figures, simulate
+from dcoco.cli import demo
+from dcoco import plots as figures
+from dcoco.specdec import simulate
 from dcoco.corrector import Corrector
-from dcoco.evaluate import encode
-from dcoco.recipe import SMOLLM2, cache_dir, load_target
-from dcoco.spec import Engine
-from dcoco.training import Objective, Schedule, TrainConfig
+from dcoco.specdec.evaluate import encode
+from dcoco.target.load import SMOLLM2, load_target
+from dcoco.train.recipe import cache_dir
+from dcoco.specdec.engine import Engine
+from dcoco.train.training import Objective, Schedule, TrainConfig
 
 COLD_LR = TrainConfig.lr
 

@@ -1,10 +1,10 @@
 """What a GPU would see of the corrector, counted here and projected onto an H200 (no GPU has run it yet: the
 counts are exact, the latencies a model with every constant stated below).
 
-Counted (dcoco.launches on the meta device: every kernel-launching aten op, and the bytes its tensors hold) at
+Counted (dcoco.ops.launches on the meta device: every kernel-launching aten op, and the bytes its tensors hold) at
 d=4096, B=15, K=16, V=151,936, R = 1, 8, 32 requests, with bf16 hidden states and logits as vLLM hands them:
   native forward   Corrector.forward after prepare_inference (the grid, then the walk by pointer doubling);
-  native hook      the whole compute_logits hook (dcoco.hook.on_logits): top-K, the corrector, the hand-back;
+  native hook      the whole compute_logits hook (dcoco.serve.hook.on_logits): top-K, the corrector, the hand-back;
   native global    the hook's corrector under selection "global" (grid + max-plus scan), for the path rules;
   native hook, grid fused  the lever for large R, modelled: the grid's elementwise chain as one kernel (what
                    torch.compile makes of it), so the (R,B-1,K,K,H) pre-activations never reach HBM;
@@ -29,8 +29,8 @@ from pathlib import Path
 import torch
 
 import dcoco
-from dcoco import hook
-from dcoco.launches import count
+from dcoco.serve import hook
+from dcoco.ops.launches import count
 
 sys.path.insert(0, str(Path(__file__).parent))
 import walk_model  # noqa: E402  (the fused kernel's walk, modelled)

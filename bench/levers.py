@@ -23,12 +23,15 @@ from pathlib import Path
 
 import torch
 
-from dcoco import corpus, demo, simulate, smollm2
-from dcoco.dflash import DFlashDrafter
-from dcoco.evaluate import encode
-from dcoco.recipe import SMOLLM2, SMOLLM2_TAPS, cache_dir, drafter_config, load_target
-from dcoco.spec import Engine
-from dcoco.training import TrainConfig, train
+from dcoco.target import corpus, smollm2
+from dcoco.cli import demo
+from dcoco.specdec import simulate
+from dcoco.modeling.dflash import DFlashDrafter
+from dcoco.specdec.evaluate import encode
+from dcoco.target.load import SMOLLM2, load_target
+from dcoco.train.recipe import SMOLLM2_TAPS, cache_dir, drafter_config
+from dcoco.specdec.engine import Engine
+from dcoco.train.training import TrainConfig, train
 
 
 @dataclasses.dataclass(frozen=True)

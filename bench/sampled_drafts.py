@@ -1,10 +1,10 @@
 """Sampled decoding (temperature 1): does drafting by sampling the corrector's walk, with its sparse proposal q,
 accept more than today's point-mass proposal (the corrector's greedy walk, q = 1 at each draft)?
 
-Offline speculative decoding with dcoco.spec on the embedded SmolLM2-135M target and the DCOCO drafter shipped in
+Offline speculative decoding (dcoco.specdec.engine) on the embedded SmolLM2-135M target and the DCOCO drafter shipped in
 tests/data (a default-size demo drafter; or --drafter DIR), over the shipped suites' prompts, each decoded with
 --seeds seeds. Four engines on the same drafter: DFlash (the corrector off) and DCOCO, each drafting greedily
-(point mass) and probabilistically (dcoco.spec's draft_sample_method). tau with 95% CIs and ratios against DCOCO's
+(point mass) and probabilistically (the engine's draft_sample_method). tau with 95% CIs and ratios against DCOCO's
 point mass with paired bootstrap CIs over the (prompt, seed) decodes.
 
     .venv/bin/python bench/sampled_drafts.py --out bench/results/sampled-drafts.json   # about 20 min on 2 cores
@@ -18,10 +18,12 @@ from pathlib import Path
 
 import torch
 
-from dcoco import checkpoint, stats
-from dcoco.evaluate import decode_all, encode, load_suites
-from dcoco.recipe import SMOLLM2, load_target
-from dcoco.spec import Engine, summarize
+from dcoco.modeling import checkpoint
+from dcoco.specdec import stats
+from dcoco.specdec.evaluate import decode_all, encode
+from dcoco.suites import load_suites
+from dcoco.target.load import SMOLLM2, load_target
+from dcoco.specdec.engine import Engine, summarize
 
 SHIPPED = Path(__file__).parents[1] / "tests" / "data" / "smollm2-dcoco"
 BASE = "DCOCO, point mass"

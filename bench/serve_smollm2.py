@@ -12,8 +12,11 @@ import sys
 import tempfile
 from pathlib import Path
 
-from dcoco import checkpoint, cli, demo, smollm2
-from dcoco.vllm_server import VLLMServer
+from dcoco.modeling import checkpoint
+from dcoco import cli
+from dcoco.cli import demo
+from dcoco.target import smollm2
+from dcoco.testing.vllm_server import VLLMServer
 
 
 def main() -> int:

@@ -5,7 +5,7 @@ proposal (draft_sample_method "probabilistic") against the corrector's greedy wa
 The embedded SmolLM2-135M target in float32 and the DCOCO drafter shipped in tests/data (or --drafter DIR), over
 dcoco's 16 held-out prompts (data/eval, never trained on; the SmolLM2 vLLM tests' prompts), each request sampled with --seeds seeds. Per-request acceptance comes from vLLM's
 per_request_spec_decode_metrics; mean acceptance length (tau) with 95% CIs and ratios against DCOCO's point mass
-with paired bootstrap CIs over the (prompt, seed) requests (dcoco.stats). Run in .venv-vllm:
+with paired bootstrap CIs over the (prompt, seed) requests (dcoco.specdec.stats). Run in .venv-vllm:
 
     .venv-vllm/bin/python bench/vllm_sampled.py --out bench/results/vllm-sampled.json   # about 12 min on 2 cores
 """
@@ -27,9 +27,12 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 import torch  # noqa: E402
 
-from dcoco import checkpoint, smollm2, stats  # noqa: E402
-from dcoco.evaluate import encode, load_suites  # noqa: E402
-from dcoco.spec import Result  # noqa: E402
+from dcoco.modeling import checkpoint  # noqa: E402
+from dcoco.target import smollm2  # noqa: E402
+from dcoco.specdec import stats  # noqa: E402
+from dcoco.specdec.evaluate import encode  # noqa: E402
+from dcoco.suites import load_suites  # noqa: E402
+from dcoco.specdec.engine import Result  # noqa: E402
 
 ROOT = Path(__file__).parents[1]
 SHIPPED = ROOT / "tests" / "data" / "smollm2-dcoco"

@@ -28,8 +28,10 @@ import time
 from importlib import resources
 from pathlib import Path
 
-from dcoco import checkpoint, demo, smollm2
-from dcoco.evaluate import load_suites
+from dcoco.modeling import checkpoint
+from dcoco.cli import demo
+from dcoco.target import smollm2
+from dcoco.suites import load_suites
 
 # system -> the demo's drafter directory. DFlash is dflash-long; against it, at equal training compute, DCOCO (the
 # joint dcoco-drafter) and the corrector trained on the frozen dflash-long (corrector: the same drafter, corrected).
@@ -134,7 +136,7 @@ def profile(a, work: Path) -> dict:
     import torch
     from vllm import SamplingParams
 
-    from dcoco import vllm_model
+    from dcoco.serve import vllm_model
 
     drafter = work / SYSTEMS["dcoco"]
     with tempfile.TemporaryDirectory() as tmp:

@@ -116,7 +116,7 @@ lap "a fresh venv with torch"
 smoke() {  # smoke CUDA(True|False) ARCHS: the installed dcoco says what it was built with and matches the reference
   (cd "$work" && "$work/venv/bin/python" - "$1" "$2" <<'PY'
 import sys, torch, dcoco
-from dcoco import reference as ref
+from dcoco.testing import reference as ref
 want_cuda, archs = sys.argv[1] == "True", sys.argv[2]
 info = dcoco.build_info()
 assert dcoco.__file__.startswith(sys.prefix), dcoco.__file__  # the venv's install, not the checkout
@@ -132,7 +132,7 @@ want = ref.score(h.double(), ids, lg.double(), E.double(), *(w.double() for w in
 torch.testing.assert_close(s.double(), want, rtol=1e-5, atol=1e-5)
 if not want_cuda:
     assert not dcoco.cuda_available() and "nvcc was not found" in info["cuda_status"], info
-    assert dcoco.backend.decide("auto", "cuda", "sm_90", False)[0] == "native"  # GPU tensors: native
+    assert dcoco.ops.backend.decide("auto", "cuda", "sm_90", False)[0] == "native"  # GPU tensors: native
 with dcoco.use_backend("native"):
     torch.testing.assert_close(m.score(h, ids, lg, E), s, rtol=1e-5, atol=1e-5)
 print("check_install: built_with_cuda", info["built_with_cuda"], info["cuda_archs"], "-", info["cuda_status"])

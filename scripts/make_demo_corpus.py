@@ -17,8 +17,9 @@ import time
 import numpy as np
 import torch
 
-from dcoco import corpus, demo, smollm2
-from dcoco.evaluate import default_suites
+from dcoco.target import corpus, smollm2
+from dcoco.cli import demo
+from dcoco.suites import default_suites
 
 
 def main() -> None:

@@ -8,14 +8,14 @@ import pytest
 import torch
 
 import dcoco
-from dcoco import _ops, native
-from dcoco import reference as ref
+from dcoco.ops import fused, native
+from dcoco.testing import reference as ref
 
 
 @pytest.fixture(autouse=True)
 def poison_outputs(monkeypatch):
     """Every op output starts as NaN / -1, so an element the core fails to write shows up."""
-    monkeypatch.setattr(_ops, "POISON", True)
+    monkeypatch.setattr(fused, "POISON", True)
 
 
 def pytest_collection_modifyitems(config, items):

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 import dcoco
-from dcoco import backend
+from dcoco.ops import backend
 
 from conftest import make_case
 
@@ -146,7 +146,7 @@ def test_one_log_line_per_device(caplog, monkeypatch, auto):
 
 def test_the_setting_reaches_every_entry_point(monkeypatch):
     """Corrector.score / forward / prepare_inference and select call native.* exactly when the backend says."""
-    from dcoco import native
+    from dcoco.ops import native
 
     calls = []
     for name in ("score", "correct", "cand_table", "select"):

@@ -15,8 +15,8 @@ import numpy as np
 import pytest
 import torch
 
-from dcoco import _ops
-from dcoco.checks import RULES
+from dcoco.ops import fused
+from dcoco.ops.checks import RULES
 
 from conftest import assert_walk_matches, make_case
 
@@ -92,9 +92,9 @@ def write_inputs(folder: Path, case, ids, *meta) -> None:
     raw(E)(folder / "embed.bin")
     for i, w in enumerate(m.weights()):
         raw(w.detach().float())(folder / f"w{i}.bin")
-    codes = _ops._FLOAT_CODES
+    codes = fused._FLOAT_CODES
     (folder / "meta.txt").write_text(" ".join(map(str, [
-        R, B, K, h.shape[2], E.shape[0], m.width, m.mlp_hidden, codes[h.dtype], _ops._ID_CODES[ids.dtype],
+        R, B, K, h.shape[2], E.shape[0], m.width, m.mlp_hidden, codes[h.dtype], fused._ID_CODES[ids.dtype],
         codes[lg.dtype], codes[E.dtype], *meta])))
 
 

@@ -15,7 +15,10 @@ pytest.importorskip("transformers", reason="prompt ids need the target's tokeniz
 from test_serve_bench import Stub  # noqa: E402
 from transformers import AutoTokenizer  # noqa: E402
 
-from dcoco import checkpoint, cli, datagen, tiny  # noqa: E402
+from dcoco.modeling import checkpoint  # noqa: E402
+from dcoco import cli  # noqa: E402
+from dcoco.train import datagen  # noqa: E402
+from dcoco.testing import tiny  # noqa: E402
 
 ROWS = [{"turns": ["the cat", "and the dog"]},
         {"conversations": [{"from": "system", "value": "be good"}, {"from": "human", "value": "red sun"},

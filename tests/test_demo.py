@@ -15,7 +15,9 @@ KEYS = ("tau_target_only", "tau_dflash", "tau_dcoco", "tau_dcoco_frozen", "tau_d
 def test_demo_smoke_trains_evaluates_and_caches(tmp_path, monkeypatch):
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     monkeypatch.setenv("DCOCO_CACHE", str(tmp_path / "cache"))
-    from dcoco import checkpoint, cli, demo
+    from dcoco.modeling import checkpoint
+    from dcoco import cli
+    from dcoco.cli import demo
 
     assert cli.main(["demo", "--smoke", "--no-progress", "--out", str(tmp_path / "out")]) == 0
     res = json.loads((tmp_path / "out" / "demo-smollm2-smoke.json").read_text())
@@ -70,7 +72,8 @@ def test_demo_rejects_a_missing_suites_folder(tmp_path, monkeypatch):
 def test_demo_corpus_ships_as_token_ids():
     from importlib import resources
 
-    from dcoco import corpus, demo
+    from dcoco.target import corpus
+    from dcoco.cli import demo
 
     f = resources.files("dcoco") / "data" / demo.CORPUS_FILE
     assert f.stat().st_size < 2 * 2 ** 20
@@ -80,7 +83,7 @@ def test_demo_corpus_ships_as_token_ids():
 
 
 def test_a_stage_of_another_recipe_is_redone(tmp_path):
-    from dcoco import demo
+    from dcoco.cli import demo
 
     cfg = demo.TrainConfig(mode="drafter", steps=5, loss_vocab=4096)
     want = demo.recipe(cfg, upstream=None)

@@ -9,7 +9,7 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
-from dcoco.dflash import DFlashConfig, DFlashDrafter, block_mask, build_target_layer_ids, dflash_loss
+from dcoco.modeling.dflash import DFlashConfig, DFlashDrafter, block_mask, build_target_layer_ids, dflash_loss
 
 V, D, BS = 100, 64, 4
 

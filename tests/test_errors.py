@@ -7,7 +7,7 @@ import pytest
 import torch
 
 import dcoco
-from dcoco import native
+from dcoco.ops import native
 
 from conftest import make_case
 

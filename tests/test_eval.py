@@ -13,12 +13,13 @@ pytest.importorskip("matplotlib", reason="dcoco eval plots with matplotlib")
 
 from test_spec import dflash_cfg, llama  # noqa: E402
 
-from dcoco import checkpoint  # noqa: E402
+from dcoco.modeling import checkpoint  # noqa: E402
 from dcoco.cli import main  # noqa: E402
 from dcoco.corrector import Corrector  # noqa: E402
-from dcoco.dflash import DFlashDrafter  # noqa: E402
-from dcoco.evaluate import evaluate, load_suites, table, write  # noqa: E402
-from dcoco.spec import KS, Engine  # noqa: E402
+from dcoco.modeling.dflash import DFlashDrafter  # noqa: E402
+from dcoco.specdec.evaluate import evaluate, table, write  # noqa: E402
+from dcoco.suites import load_suites  # noqa: E402
+from dcoco.specdec.engine import KS, Engine  # noqa: E402
 
 SUITES = {"a": [[3, 17, 5, 9], [40, 2, 2, 11]], "b": [[7, 7, 1, 33, 60]]}
 
@@ -80,16 +81,17 @@ def test_suite_loader(tmp_path):
 def test_chats_rows_as_bench_draws_them_every_turn_in_context(target, drafter, tmp_path, monkeypatch):
     from transformers import AutoTokenizer
 
-    from dcoco import evaluate as ev, serve_bench
+    from dcoco.specdec import evaluate as ev
+    from dcoco.suites import ALL, load, subset
 
     _tiny_target_dir(tmp_path / "target", target)
     tok = AutoTokenizer.from_pretrained(tmp_path / "target")
     rows = [{"turns": [f"w{i + 3} w40", f"w{i + 9} w41"]} if i % 2 else {"turns": [f"w{i + 3} w42"]} for i in range(6)]
     (tmp_path / "s.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
     chats = ev.load_chats([tmp_path / "s.jsonl"], rows=4)
-    picked = serve_bench.subset("s", serve_bench.load([tmp_path / "s.jsonl"])["s"], 4)  # what `dcoco bench` sends
+    picked = subset("s", load([tmp_path / "s.jsonl"])["s"], 4)  # what `dcoco bench` sends
     assert chats == {"s": [rows[i]["turns"] for i in picked]} and any(len(t) == 2 for t in chats["s"])
-    assert len(ev.load_chats([tmp_path / "s.jsonl"], rows=serve_bench.ALL)["s"]) == 6
+    assert len(ev.load_chats([tmp_path / "s.jsonl"], rows=ALL)["s"]) == 6
     with pytest.raises(ValueError, match="rows"):
         ev.load_chats([tmp_path], rows=0)
     with pytest.raises(ValueError, match="suites: .*does not exist"):

@@ -24,7 +24,8 @@ ROOT = Path(__file__).parents[1]
 PKG = ROOT / "python" / "dcoco"
 PYPROJECT = tomllib.loads((ROOT / "pyproject.toml").read_text())
 
-# the extra each command needs beyond [project].dependencies (None: none); cli.py's commands must match the keys
+# the extra each command needs beyond [project].dependencies (None: none); cli/__init__.py's commands must match
+# the keys
 COMMAND_EXTRA = {
     "demo": "demo",
     "info": None,
@@ -245,10 +246,10 @@ def distribution(module_name: str) -> set[str]:
 
 @cache
 def cli_commands() -> dict[str, list[ast.stmt]]:
-    """{command: the code of cli.main that runs it}, from cli.py: parser()'s subcommands and main()'s (its
+    """{command: the code of cli.main that runs it}, from cli/__init__.py: parser()'s subcommands and main()'s (its
     _run's) `if args.cmd ==` branches (the command none of them names runs after the last one), each with what main runs
     before them."""
-    tree = ast.parse((PKG / "cli.py").read_text())
+    tree = ast.parse((PKG / "cli" / "__init__.py").read_text())
     funcs = {f.name: f for f in tree.body if isinstance(f, ast.FunctionDef)}
     commands = [c.args[0].value for c in ast.walk(funcs["parser"]) if isinstance(c, ast.Call)
                 and isinstance(c.func, ast.Attribute) and c.func.attr == "add_parser"
@@ -312,7 +313,7 @@ def test_the_vllm_plugin_extra_installs_what_it_imports():
 
 
 def test_the_walk_sees_lazy_and_optional_imports():
-    assert "scipy" in command_imports("demo")  # dcoco.stats imports it inside its functions
+    assert "scipy" in command_imports("demo")  # dcoco.specdec.stats imports it inside its functions
     assert "scipy" not in command_imports("info")  # `dcoco info` runs none of that
     assert "datasets" not in command_imports("bench")  # optional: try/except ImportError
-    assert "vllm" in third_party(["dcoco.vllm_plugin"])  # its own import is optional; "dcoco.vllm_model:..." is not
+    assert "vllm" in third_party(["dcoco.vllm_plugin"])  # optional itself; "dcoco.serve.vllm_model:..." is not

@@ -9,8 +9,9 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
-from dcoco import Corrector, checkpoint, cli, correction_loss
-from dcoco.dflash import DFlashConfig, DFlashDrafter
+from dcoco import Corrector, cli, correction_loss
+from dcoco.modeling import checkpoint
+from dcoco.modeling.dflash import DFlashConfig, DFlashDrafter
 
 V, D = 96, 32
 
@@ -131,7 +132,7 @@ def test_an_out_of_vocabulary_anchor_is_named():
 
 
 def test_eval_checks_its_drafter_and_options_before_loading_the_target(saved, tmp_path, monkeypatch):
-    from dcoco import recipe
+    from dcoco.train import recipe
 
     monkeypatch.setattr(recipe, "load_target", lambda *a, **k: pytest.fail("the target was loaded first"))
     (tmp_path / "s.jsonl").write_text(json.dumps({"turns": ["hi"]}) + "\n")

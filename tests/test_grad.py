@@ -5,8 +5,8 @@ import pytest
 import torch
 
 import dcoco
-from dcoco import _ops
-from dcoco import reference as ref
+from dcoco.ops import fused
+from dcoco.testing import reference as ref
 
 from conftest import backend_score, make_case
 
@@ -36,7 +36,7 @@ def test_gradcheck_float64(R, B, K, d, fast):
 
 
 def reference_grads(c, G):
-    """Gradients of sum(S * G) by autograd through dcoco.reference, in float64."""
+    """Gradients of sum(S * G) by autograd through dcoco.testing.reference, in float64."""
     h = c.hidden.double().requires_grad_()
     lg = c.cand_logits.double().requires_grad_()
     ws = [w.detach().double().requires_grad_() for w in c.corrector.weights()]
@@ -57,7 +57,7 @@ def test_float32_grads_match_autograd_through_the_reference(R, B, K, d, dtype):
     lg = c.cand_logits.clone().requires_grad_()
     (c.corrector.score(h, c.cand_ids, lg, c.embed) * G).sum().backward()
     ours = [h.grad, lg.grad, *(w.grad for w in c.corrector.weights())]
-    for name, got, want in zip(("hidden", "cand_logits", *_ops.WEIGHTS), ours, reference_grads(c, G)):
+    for name, got, want in zip(("hidden", "cand_logits", *fused.WEIGHTS), ours, reference_grads(c, G)):
         assert got.dtype == (dtype if name in ("hidden", "cand_logits") else torch.float32), name
         scale = want.abs().max().item() + 1e-30
         tol = 1e-2 if got.dtype != torch.float32 else 2e-5  # 16-bit grads are rounded to their dtype

@@ -1,12 +1,12 @@
-"""The chunked LM-head pass of training (dcoco.head): cross-entropy, top-K and gradients equal the full-logits
+"""The chunked LM-head pass of training (dcoco.modeling.head): cross-entropy, top-K and gradients equal the full-logits
 computation for any chunk size, and with several chunks no (rows, V) tensor is kept for backward."""
 
 import pytest
 import torch
 import torch.nn.functional as F
 
-from dcoco.dflash import decayed_mean, dflash_loss
-from dcoco.head import chunk_rows, shortlist_ce, topk_ce
+from dcoco.modeling.dflash import decayed_mean, dflash_loss
+from dcoco.modeling.head import chunk_rows, shortlist_ce, topk_ce
 
 
 def _inputs(dtype, R=5, B=7, d=32, V=300, seed=0):

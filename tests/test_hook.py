@@ -1,11 +1,12 @@
-"""The vLLM hook's tensor work (dcoco.hook) without vLLM: the top-K's rank 0 is the drafter's own argmax however
+"""The vLLM hook's tensor work (dcoco.serve.hook) without vLLM: the top-K's rank 0 is the drafter's own argmax however
 the logits tie, so a corrector at initialisation drafts exactly what DFlash drafts, and the hand-back writes only
 the choice."""
 
 import pytest
 import torch
 
-from dcoco import Corrector, hook
+from dcoco import Corrector
+from dcoco.serve import hook
 
 
 def _tied_logits(rows: int, V: int, dtype: torch.dtype, seed: int, most: int = 16) -> torch.Tensor:

@@ -1,6 +1,6 @@
 """A training run stopped by SIGTERM or SIGINT at a random step, or killed in the middle of writing a checkpoint,
 then rerun with --resume, ends bit for bit where an uninterrupted run ends. `dcoco train` in a subprocess on
-the tiny random target (dcoco.tiny), float32 checkpoints so the comparison is exact."""
+the tiny random target (dcoco.testing.tiny), float32 checkpoints so the comparison is exact."""
 
 from __future__ import annotations
 
@@ -19,7 +19,7 @@ pytest.importorskip("transformers", reason="training needs the demo extra (pip i
 
 from safetensors.torch import load_file  # noqa: E402
 
-from dcoco import tiny  # noqa: E402
+from dcoco.testing import tiny  # noqa: E402
 
 STEPS = 40
 
@@ -27,7 +27,8 @@ STEPS = 40
 # the serving files of that step are in place, its train_state.pt not yet
 KILL_MID_SAVE = """
 import os, signal, sys
-from dcoco import cli, training
+from dcoco import cli
+from dcoco.train import training
 KILL_AT = int(sys.argv[1])
 replace = os.replace
 def dying(src, dst):

@@ -1,4 +1,4 @@
-"""The native backend's shape on a GPU, counted: kernel-launching ops per call (dcoco.launches on the meta
+"""The native backend's shape on a GPU, counted: kernel-launching ops per call (dcoco.ops.launches on the meta
 device, where nothing computes and no host sync can hide). Counts are deterministic, so the bounds are exact
 assertions, and they must not grow with the number of requests."""
 
@@ -6,8 +6,8 @@ import pytest
 import torch
 
 import dcoco
-from dcoco import hook
-from dcoco.launches import count
+from dcoco.serve import hook
+from dcoco.ops.launches import count
 
 B, K, V = 15, 16, 4096
 FORWARD_MAX = 40  # Corrector.forward with the prepared table

@@ -10,10 +10,12 @@ import pytest
 import torch
 from transformers import AutoConfig, AutoModelForCausalLM, LlamaConfig, Qwen2Config, Qwen3Config
 
-from dcoco import dflash, head, memplan, tiny
+from dcoco.modeling import dflash, head
+from dcoco.train import memplan
+from dcoco.testing import tiny
 from dcoco.corrector import Corrector
-from dcoco.dflash import DFlashConfig, DFlashDrafter
-from dcoco.training import Objective, TrainConfig
+from dcoco.modeling.dflash import DFlashConfig, DFlashDrafter
+from dcoco.train.training import Objective, TrainConfig
 
 CONFIGS = Path(__file__).resolve().parent.parent / "recipes" / "configs"
 GIB = 2 ** 30

@@ -13,7 +13,7 @@ import pytest
 import torch
 
 import dcoco
-from dcoco import native
+from dcoco.ops import native
 
 from conftest import assert_walk_matches, make_case
 

@@ -15,9 +15,13 @@ import torch
 
 pytest.importorskip("transformers", reason="training needs the demo extra (pip install '.[demo]')")
 
-from dcoco import cli, corpus as corpus_mod, recipe, tiny  # noqa: E402
-from dcoco.online import TargetFeatures, TokenCorpus  # noqa: E402
-from dcoco.training import Schedule, TrainConfig, collate, train  # noqa: E402
+from dcoco import cli  # noqa: E402
+from dcoco.cli import train_cmd  # noqa: E402
+from dcoco.target import corpus as corpus_mod  # noqa: E402
+from dcoco.train import recipe  # noqa: E402
+from dcoco.testing import tiny  # noqa: E402
+from dcoco.train.online import TargetFeatures, TokenCorpus  # noqa: E402
+from dcoco.train.training import Schedule, TrainConfig, collate, train  # noqa: E402
 from test_training import WRAPPER  # noqa: E402
 
 SETTINGS = corpus_mod.CorpusSettings(tiny.TAPS, max_new_tokens=24, gen_batch=4, feat_batch=4)
@@ -112,7 +116,7 @@ def test_schedule_pads_evaluation_so_every_rank_runs_the_target_equally(cache):
 def test_recipe_online_from_prompts_generates_what_the_cache_does(target_dir, cache, tmp_path):
     args = tiny.train_args(target_dir, tmp_path / "c", tmp_path / "out", "--mode", "drafter", "--steps", "2",
                            "--features", "online")
-    cfg, kw = cli.train_options(cli.parser().parse_args(args))
+    cfg, kw = train_cmd.train_options(cli.parser().parse_args(args))
     res = recipe.run(cfg, **kw)
     assert res.step == 2
     parts = list((tmp_path / "c").glob("tokens-*/part-0.json"))

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 import dcoco
-from dcoco import reference as ref
+from dcoco.testing import reference as ref
 
 from conftest import assert_walk_matches, make_case
 

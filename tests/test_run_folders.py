@@ -1,6 +1,6 @@
 """`dcoco train`'s run folders: a run is never overwritten by accident, a recipe's stages each have their own
 folder and are all checked before any work, a rerun skips what is finished and resumes what was interrupted, and
-log.jsonl holds each step once. On the tiny random target (dcoco.tiny), through the CLI as users run it."""
+log.jsonl holds each step once. On the tiny random target (dcoco.testing.tiny), through the CLI as users run it."""
 
 from __future__ import annotations
 
@@ -11,7 +11,8 @@ import pytest
 
 pytest.importorskip("transformers", reason="training needs the demo extra (pip install '.[demo]')")
 
-from dcoco import cli, tiny  # noqa: E402
+from dcoco import cli  # noqa: E402
+from dcoco.testing import tiny  # noqa: E402
 
 
 @pytest.fixture(scope="module")
@@ -81,7 +82,7 @@ def test_stages_live_under_the_command_line_out(tiny_dirs, tmp_path, capsys):
     assert cli.main(["train", "--config", str(r), "--out", str(root), "--no-progress"]) == 0
     assert sorted(p.name for p in root.iterdir()) == ["corrector", "drafter"]
     assert (root / "corrector" / "model.safetensors").is_file()
-    from dcoco import checkpoint
+    from dcoco.modeling import checkpoint
     assert checkpoint.load(root / "corrector")[1] is not None
     capsys.readouterr()
     assert cli.main(["train", "--config", str(r), "--out", str(root), "--no-progress"]) == 0

@@ -7,8 +7,8 @@ import pytest
 import torch
 
 import dcoco
-from dcoco import reference as ref
-from dcoco.select import sample
+from dcoco.testing import reference as ref
+from dcoco.ops.select import sample
 
 pytestmark = pytest.mark.usefixtures("each_backend")  # every test on both backends
 

@@ -7,9 +7,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from dcoco import frozen
+from dcoco.train import frozen
 from dcoco.corrector import Corrector
-from dcoco.selector import CandidateSelector
+from dcoco.modeling.selector import CandidateSelector
 
 R, B, K, V, D = 6, 5, 8, 50, 32
 

@@ -21,10 +21,10 @@ import pytest
 pytest.importorskip("httpx", reason="dcoco bench needs httpx (pip install httpx)")
 pytest.importorskip("matplotlib", reason="dcoco bench plots with matplotlib")
 
-from dcoco import serve_bench as sb  # noqa: E402
-from dcoco import serve_bench_report as report  # noqa: E402
+from dcoco.serve import serve_bench as sb  # noqa: E402
+from dcoco.serve import serve_bench_report as report  # noqa: E402
 from dcoco.cli import main  # noqa: E402
-from dcoco.evaluate import default_suites  # noqa: E402
+from dcoco.suites import ALL, default_suites, load, subset  # noqa: E402
 
 
 class Server(ThreadingHTTPServer):
@@ -163,19 +163,19 @@ def _lines(p: Path) -> list[dict]:
 def test_paper_subsets(tmp_path):
     rows = [{"turns": [f"q{i}"]} for i in range(1319)]
     want = sorted(random.Random(1234).sample(range(1319), 128))
-    assert sb.subset("gsm8k", rows) == want
-    assert sb.subset("aime25", rows[:30]) == list(range(30))  # suites of <= 128 rows: all of them
-    assert sb.subset("mt-bench", rows[:80]) == list(range(80))
-    assert sb.subset("gsm8k", rows, 5) == sorted(random.Random(1234).sample(range(1319), 5))
-    assert sb.subset("gsm8k", rows, sb.ALL) == list(range(1319))
+    assert subset("gsm8k", rows) == want
+    assert subset("aime25", rows[:30]) == list(range(30))  # suites of <= 128 rows: all of them
+    assert subset("mt-bench", rows[:80]) == list(range(80))
+    assert subset("gsm8k", rows, 5) == sorted(random.Random(1234).sample(range(1319), 5))
+    assert subset("gsm8k", rows, ALL) == list(range(1319))
     cats = [{"turns": ["q"], "category": f"c{i % 11}"} for i in range(11 * 100)]
-    picked = sb.subset("speed-bench", cats)
+    picked = subset("speed-bench", cats)
     assert len(picked) == 880 and all(sum(cats[i]["category"] == f"c{c}" for i in picked) == 80 for c in range(11))
-    real = sb.load() if default_suites().is_dir() else None
+    real = load() if default_suites().is_dir() else None
     if real is not None:  # the 8 suites next to the checkout, in the paper's order, every turn kept
         assert list(real) == ["math500", "aime25", "gsm8k", "humaneval", "mbpp", "livecodebench", "mt-bench",
                               "arena-hard-v2"]
-        assert {n: len(sb.subset(n, r)) for n, r in real.items()} == {
+        assert {n: len(subset(n, r)) for n, r in real.items()} == {
             **{n: 128 for n in real}, "aime25": 30, "mt-bench": 80}
         assert all(len(r["turns"]) == 2 for r in real["mt-bench"])
 

@@ -13,11 +13,11 @@ pytest.importorskip("transformers", reason="the engine needs transformers (pip i
 
 from test_spec import BS, PROMPTS, corrector, dflash_cfg, llama  # noqa: E402
 
-from dcoco import stats  # noqa: E402
-from dcoco.dflash import DFlashDrafter  # noqa: E402
-from dcoco.selector import CandidateSelector  # noqa: E402
-from dcoco.simulate import simulate  # noqa: E402
-from dcoco.spec import KS, Engine, Result, summarize, target_only  # noqa: E402
+from dcoco.specdec import stats  # noqa: E402
+from dcoco.modeling.dflash import DFlashDrafter  # noqa: E402
+from dcoco.modeling.selector import CandidateSelector  # noqa: E402
+from dcoco.specdec.simulate import simulate  # noqa: E402
+from dcoco.specdec.engine import KS, Engine, Result, summarize, target_only  # noqa: E402
 
 FIELDS = ("tokens", "committed", "accepted", "oracle_walk", "oracle_prefix", "trans_hits", "trans_seen")
 
@@ -165,7 +165,7 @@ def test_wilson():
 
 
 def test_suites_references_cached_and_report(target, refs, tmp_path, monkeypatch):
-    from dcoco import simulate as sim
+    from dcoco.specdec import simulate as sim
 
     suites = {"a": [PROMPTS[0], PROMPTS[1]], "b": [PROMPTS[1]]}
     got = sim.references(target, suites, 40, [], tmp_path, progress=False)
@@ -174,7 +174,7 @@ def test_suites_references_cached_and_report(target, refs, tmp_path, monkeypatch
     batched = sim.references(target, suites, 40, [eos], None, progress=False)
     assert batched == {n: [target_only(target, p, 40, eos_token_id=eos).tokens for p in ps] for n, ps in suites.items()}
     assert batched["a"][0][-1] == eos
-    monkeypatch.setattr("dcoco.spec.target_only", lambda *a, **k: pytest.fail("not read from the cache"))
+    monkeypatch.setattr("dcoco.specdec.engine.target_only", lambda *a, **k: pytest.fail("not read from the cache"))
     assert sim.references(target, suites, 40, [], tmp_path, progress=False) == got
     head = target.get_output_embeddings().weight.detach()
     drafter = Scripted(head)

@@ -15,8 +15,8 @@ pytest.importorskip("transformers", reason="the engine needs transformers (pip i
 from scipy import stats  # noqa: E402
 
 from dcoco.corrector import Corrector  # noqa: E402
-from dcoco.dflash import DFlashConfig, DFlashDrafter  # noqa: E402
-from dcoco.spec import KS, Engine, probs, summarize, target_only  # noqa: E402
+from dcoco.modeling.dflash import DFlashConfig, DFlashDrafter  # noqa: E402
+from dcoco.specdec.engine import KS, Engine, probs, summarize, target_only  # noqa: E402
 
 BS = 6  # block size: 5 drafted slots, so max_new_tokens 7 and 23 are not multiples of it
 PROMPTS = ([3, 17, 5, 9], [40, 2, 2, 11, 60, 7, 1, 33])

@@ -22,9 +22,10 @@ pytest.importorskip("httpx", reason="dcoco data generate needs httpx")
 from test_vllm import N, V, _target  # noqa: E402  (the tiny target)
 from test_vllm_bench import SUITES, _tokenizer  # noqa: E402
 
-from dcoco import checkpoint, datagen  # noqa: E402
+from dcoco.modeling import checkpoint  # noqa: E402
+from dcoco.train import datagen  # noqa: E402
 from dcoco.cli import main  # noqa: E402
-from dcoco.vllm_server import VLLMServer  # noqa: E402
+from dcoco.testing.vllm_server import VLLMServer  # noqa: E402
 
 RECIPE = Path(__file__).parents[1] / "recipes" / "tiny-twin.toml"
 WORDS = "rain snow sun code list prime sum tree river cloud poem story".split()

@@ -16,10 +16,15 @@ pytest.importorskip("transformers", reason="training needs the demo extra (pip i
 
 from safetensors.torch import load_file, save_file  # noqa: E402
 
-from dcoco import checkpoint, cli, corpus as corpus_mod, recipe, tiny  # noqa: E402
+from dcoco.modeling import checkpoint  # noqa: E402
+from dcoco import cli  # noqa: E402
+from dcoco.target import corpus as corpus_mod  # noqa: E402
+from dcoco.train import recipe  # noqa: E402
+from dcoco.testing import tiny  # noqa: E402
 from dcoco.corrector import Corrector  # noqa: E402
-from dcoco.dflash import DFlashDrafter  # noqa: E402
-from dcoco.training import Objective, Schedule, TrainConfig, _tau, frequent_tokens, sample_anchors, train  # noqa: E402
+from dcoco.modeling.dflash import DFlashDrafter  # noqa: E402
+from dcoco.train.training import (Objective, Schedule, TrainConfig, _tau, frequent_tokens,  # noqa: E402
+                                  sample_anchors, train)
 
 TAPS = tiny.TAPS
 SETTINGS = corpus_mod.CorpusSettings(TAPS, max_new_tokens=24, gen_batch=4, feat_batch=4)
@@ -27,7 +32,7 @@ SETTINGS = corpus_mod.CorpusSettings(TAPS, max_new_tokens=24, gen_batch=4, feat_
 
 @pytest.fixture(scope="module")
 def target_dir(tmp_path_factory) -> Path:
-    """A saved tiny Llama + word-level tokenizer with a chat template, and a prompts file (dcoco.tiny)."""
+    """A saved tiny Llama + word-level tokenizer with a chat template, and a prompts file (dcoco.testing.tiny)."""
     return tiny.save_target(tmp_path_factory.mktemp("target"))
 
 
@@ -451,14 +456,17 @@ out = "{tmp_path / 's2'}"
 # with online features, rank<R>.target (what the target's weights became: Parameter, or DTensor when sharded)
 WRAPPER = """
 import hashlib, sys, torch, torch.distributed as dist
-from dcoco import backend, cli, online, recipe
+from dcoco.ops import backend
+from dcoco import cli
+from dcoco.cli import train_cmd
+from dcoco.train import online, recipe
 init = online.TargetFeatures.__init__
 def spy(self, *a, **k):
     init(self, *a, **k)
     w = type(self.decoder.layers[0].mlp.up_proj.weight).__name__
     open(f"{sys.argv[1]}/rank{dist.get_rank()}.target", "w").write(w)
 online.TargetFeatures.__init__ = spy
-cfg, kw = cli.train_options(cli.parser().parse_args(sys.argv[2:]))
+cfg, kw = train_cmd.train_options(cli.parser().parse_args(sys.argv[2:]))
 res = recipe.run(cfg, **kw)
 h = hashlib.sha256()
 for m in (res.drafter, res.corrector):
@@ -504,7 +512,7 @@ def test_schedule_depends_on_the_global_batch_only(corpus):
 
 def test_frozen_cache_keeps_what_evaluation_feeds(target, corpus):
     """The frozen correctors' cached hidden states are the drafter's float32 outputs, as the engine feeds them."""
-    from dcoco import frozen as frozen_mod
+    from dcoco.train import frozen as frozen_mod
 
     embed, head = frozen(target)
     torch.manual_seed(0)

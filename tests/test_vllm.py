@@ -21,8 +21,11 @@ vllm = pytest.importorskip("vllm", reason="vLLM is not installed (bash scripts/s
 import torch  # noqa: E402
 
 import dcoco  # noqa: E402
-from dcoco import Corrector, checkpoint, tiny, vllm_plugin  # noqa: E402
-from dcoco.dflash import DFlashConfig, DFlashDrafter  # noqa: E402
+from dcoco import Corrector  # noqa: E402
+from dcoco.modeling import checkpoint  # noqa: E402
+from dcoco.testing import tiny  # noqa: E402
+from dcoco.serve import vllm_plugin  # noqa: E402
+from dcoco.modeling.dflash import DFlashConfig, DFlashDrafter  # noqa: E402
 
 sys.path.insert(0, os.path.dirname(__file__))
 import vllm_probes as probes  # noqa: E402
@@ -145,7 +148,7 @@ def served(models):
 
 
 def vllm_model_op() -> str:
-    from dcoco import vllm_model
+    from dcoco.serve import vllm_model
     return vllm_model.OP_NAME
 
 

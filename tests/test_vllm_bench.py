@@ -27,9 +27,9 @@ pytest.importorskip("httpx", reason="dcoco bench needs httpx")
 
 from test_vllm import N, V, _drafter, _target  # noqa: E402  (the tiny target and drafter)
 
-from dcoco import serve_bench as sb  # noqa: E402
+from dcoco.serve import serve_bench as sb  # noqa: E402
 from dcoco.cli import main  # noqa: E402
-from dcoco.vllm_server import VLLMServer  # noqa: E402
+from dcoco.testing.vllm_server import VLLMServer  # noqa: E402
 
 CHATML = ("{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
           "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")

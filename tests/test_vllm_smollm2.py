@@ -1,7 +1,7 @@
 """A trained DCOCO drafter on SmolLM2-135M served by real vLLM through the plugin: the cached `dcoco demo` drafter
 (--full, else the default size), else the one shipped in tests/data (so CI runs all of it). DCOCO's mean acceptance
 length above the same drafter with the corrector off; vLLM's
-per-position acceptance equal to dcoco.spec's offline figures (train/serve agreement); `vllm serve` under 32
+per-position acceptance equal to dcoco.specdec.engine's offline figures (train/serve agreement); `vllm serve` under 32
 concurrent requests with 0 failures, and `dcoco data generate` against that server. Runs in .venv-vllm
 (scripts/test_vllm.sh)."""
 
@@ -21,9 +21,13 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 vllm = pytest.importorskip("vllm", reason="vLLM is not installed (bash scripts/setup_vllm.sh)")
 pytest.importorskip("gguf", reason="the embedded SmolLM2 target needs gguf (bash scripts/setup_vllm.sh)")
 
-from dcoco import checkpoint, cli, demo, smollm2  # noqa: E402
-from dcoco.evaluate import encode, load_suites  # noqa: E402
-from dcoco.vllm_server import VLLMServer  # noqa: E402
+from dcoco.modeling import checkpoint  # noqa: E402
+from dcoco import cli  # noqa: E402
+from dcoco.cli import demo  # noqa: E402
+from dcoco.target import smollm2  # noqa: E402
+from dcoco.specdec.evaluate import encode  # noqa: E402
+from dcoco.suites import load_suites  # noqa: E402
+from dcoco.testing.vllm_server import VLLMServer  # noqa: E402
 from test_vllm import _spec_counters  # noqa: E402
 
 
@@ -39,7 +43,7 @@ def demo_drafter(sizes=("full", "default")) -> Path:
     return SHIPPED
 
 
-GAP = 0.03  # largest per-position acceptance difference allowed between vLLM and dcoco.spec
+GAP = 0.03  # largest per-position acceptance difference allowed between vLLM and dcoco.specdec.engine
 # float32 serving: CI's CPUs (AVX2, no bf16 instructions) emulate bf16 GEMMs, 4.4x slower here (the same 16 x 32
 # greedy tokens: 123 s against 27.7 s). vLLM's bf16 head path is tested on the tiny target (test_vllm.py).
 DTYPE = "float32"
@@ -107,12 +111,12 @@ def test_corrector_lengthens_accepted_prefixes(setup, served):
 
 def test_vllm_acceptance_equals_offline_spec(setup, served):
     """Train/serve agreement: for the same drafter, prompts and greedy decoding, vLLM's per-position acceptance
-    equals dcoco.spec's offline figures (the engine the demo and `dcoco eval` report), up to numerics (vLLM's CPU
+    equals the dcoco engine's offline figures (the engine the demo and `dcoco eval` report), up to numerics (vLLM's CPU
     kernels against transformers'; the shipped drafter's bf16 weights run in float32 in both). The offline side
-    is dcoco.simulate, which equals Engine.generate round for round (tests/test_simulate.py) at a fraction of its
+    is dcoco's simulate, which equals Engine.generate round for round (tests/test_simulate.py) at a fraction of its
     time, over the greedy continuations vLLM served (lossless: the target's own)."""
-    from dcoco.simulate import simulate
-    from dcoco.spec import Engine, summarize
+    from dcoco.specdec.simulate import simulate
+    from dcoco.specdec.engine import Engine, summarize
 
     tok, model = smollm2.load()
     drafter, corrector = checkpoint.load(setup["dcoco"])
@@ -120,9 +124,9 @@ def test_vllm_acceptance_equals_offline_spec(setup, served):
     offline = summarize([simulate(engine, p, ref, 64) for p, ref in zip(setup["prompts"], served["dcoco"][0])])
     served_rate, offline_rate = _per_pos(served["dcoco"][1]), offline["accept_rate"][:setup["n"]]
     gap = max(abs(a - b) for a, b in zip(served_rate, offline_rate))
-    print(f"\nper-position acceptance: vLLM {[round(x, 4) for x in served_rate]}, dcoco.spec "
+    print(f"\nper-position acceptance: vLLM {[round(x, 4) for x in served_rate]}, dcoco.specdec.engine "
           f"{[round(x, 4) for x in offline_rate]}; largest gap {gap:.4f}; mean acceptance length vLLM "
-          f"{_mal(served['dcoco'][1]):.4f}, dcoco.spec tau {offline['tau']:.4f}")
+          f"{_mal(served['dcoco'][1]):.4f}, dcoco.specdec.engine tau {offline['tau']:.4f}")
     assert gap <= GAP
     assert abs(_mal(served["dcoco"][1]) - offline["tau"]) <= GAP * setup["n"]
 

@@ -56,7 +56,7 @@ def table(worker) -> dict:
     """Where the corrector's vocabulary table lives, what it holds, and whether it is the table of the drafter's
     current embedding."""
     m = _drafter(worker)
-    from dcoco import native
+    from dcoco.ops import native
 
     t = m.corrector._prepared[1]
     want = native.cand_table(m.corrector_op.embed, m.corrector.cand_proj.weight, m.corrector.fuse_proj.weight)
@@ -114,7 +114,8 @@ def memory(worker) -> dict:
 def gather_check(worker, rows: int) -> bool:
     """The embedding gathered again in chunks of `rows` rows per shard (every rank at once) gives the table the
     corrector holds."""
-    from dcoco import native, vllm_model
+    from dcoco.ops import native
+    from dcoco.serve import vllm_model
 
     m, keep = _drafter(worker), vllm_model.GATHER_ROWS
     vllm_model.GATHER_ROWS = rows

@@ -5,23 +5,26 @@ See docs/spec.md in the repository for the math. Public API:
   select            path selection on a score grid (greedy, global, geometric)
   correction_loss   the paper's L_corr (eq. 9) on a score grid
   DFlashDrafter     the DFlash drafter (DFlashConfig, dflash_loss), z-lab checkpoint layout
-  dcoco.spec        the offline speculative-decoding engine (Engine, target_only, summarize)
-  dcoco.training    dcoco train's Python API (corpus, modes, DDP, checkpoints)
+  dcoco.specdec.engine
+                    the offline speculative-decoding engine (Engine, target_only, summarize; also dcoco.spec)
+  dcoco.train.training
+                    dcoco train's Python API (corpus, modes, DDP, checkpoints)
   set_backend / use_backend / get_backend
-                    the fused kernel or the native PyTorch path (backend.py; DCOCO_BACKEND)
+                    the fused kernel or the native PyTorch path (ops/backend.py; DCOCO_BACKEND)
   build_info()      how dcoco was built, and the backend each visible device gets and why
   cuda_available()  whether the compiled CUDA path can run here
 """
 
 import torch  # noqa: F401  (first: the core shares torch's OpenMP runtime)
 
-from . import _C, backend
-from ._ops import MAX_CANDIDATES
-from .backend import get_backend, set_backend, use_backend
+from . import _C
+from .ops import backend
+from .ops.fused import MAX_CANDIDATES
+from .ops.backend import get_backend, set_backend, use_backend
 from .corrector import Corrector
-from .dflash import DFlashConfig, DFlashDrafter, dflash_loss
+from .modeling.dflash import DFlashConfig, DFlashDrafter, dflash_loss
 from .loss import correction_loss
-from .select import select
+from .ops.select import select
 
 __version__ = "0.1.0"
 __all__ = ["Corrector", "select", "correction_loss", "DFlashConfig", "DFlashDrafter", "dflash_loss",

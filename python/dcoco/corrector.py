@@ -8,7 +8,7 @@ import warnings
 import torch
 from torch import nn
 
-from . import _ops, backend, native
+from .ops import fused, backend, native
 
 
 class Corrector(nn.Module):
@@ -30,8 +30,8 @@ class Corrector(nn.Module):
                             ("width", width, 2), ("mlp_hidden", mlp_hidden, 1)):
             if not isinstance(v, int) or v < lo:
                 raise ValueError(f"{name}: expected an integer >= {lo}, got {v!r}")
-        if num_candidates > _ops.MAX_CANDIDATES:
-            raise ValueError(f"num_candidates: at most {_ops.MAX_CANDIDATES} (the compiled maximum), got {num_candidates}")
+        if num_candidates > fused.MAX_CANDIDATES:
+            raise ValueError(f"num_candidates: at most {fused.MAX_CANDIDATES} (the compiled maximum), got {num_candidates}")
         d, r, H = hidden_size, width, mlp_hidden
         self.hidden_size, self.num_candidates, self.width, self.mlp_hidden = d, num_candidates, r, H
         self.cand_proj = nn.Linear(d, r, bias=False)
@@ -59,7 +59,7 @@ class Corrector(nn.Module):
         return {"grid": 2 * (fixed + (B - 1) * K * K * pair), "greedy": 2 * (fixed + (B - 1) * K * pair)}
 
     def weights(self) -> tuple[torch.Tensor, ...]:
-        """The ten weight tensors in the order the dcoco ops take them (_ops.WEIGHTS)."""
+        """The ten weight tensors in the order the dcoco ops take them (fused.WEIGHTS)."""
         return (self.cand_proj.weight, self.ctx_proj.weight, self.fuse_proj.weight, self.fuse_norm.weight,
                 self.fuse_norm.bias, self.pair_proj.weight, self.mlp[0].weight, self.mlp[0].bias,
                 self.mlp[2].weight, self.mlp[2].bias)
@@ -73,7 +73,7 @@ class Corrector(nn.Module):
         in float64 on the CPU (for gradcheck). When nothing needs a gradient, the native path gathers the
         prepared vocabulary table (prepare_inference) instead of projecting the candidates' embedding rows.
         embed None: the table of prepare_inference(embed, table_only=True), no gradient (the native path)."""
-        _ops.require_tensors(hidden=hidden, cand_ids=cand_ids, cand_logits=cand_logits)
+        fused.require_tensors(hidden=hidden, cand_ids=cand_ids, cand_logits=cand_logits)
         wanted = torch.is_grad_enabled() and (hidden.requires_grad or cand_logits.requires_grad or
                                               any(p.requires_grad for p in self.parameters()))
         if embed is None:
@@ -83,7 +83,7 @@ class Corrector(nn.Module):
             embed = self._table_only()
             _, table, weights = self._prepared
             return native.score(hidden, cand_ids, cand_logits, embed, weights, table)
-        _ops.require_tensors(embed=embed)
+        fused.require_tensors(embed=embed)
         if backend.native(hidden.device):
             prepared = None if wanted else self._fresh_prepared(embed)
             table, weights = (None, self.weights()) if prepared is None else prepared[1:]
@@ -94,10 +94,10 @@ class Corrector(nn.Module):
                 embed: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
         """Prefix-first greedy re-selection (one call of the fused core, or the native walk): (ranks, tokens),
         both int64 (R,B). embed None: the table of prepare_inference(embed, table_only=True)."""
-        _ops.require_tensors(hidden=hidden, cand_ids=cand_ids, cand_logits=cand_logits)
+        fused.require_tensors(hidden=hidden, cand_ids=cand_ids, cand_logits=cand_logits)
         if embed is None:
             embed = self._table_only()
-        _ops.require_tensors(embed=embed)
+        fused.require_tensors(embed=embed)
         prepared = self._fresh_prepared(embed)
         table, weights = (None, self.weights()) if prepared is None else prepared[1:]
         if backend.native(hidden.device):

@@ -2,7 +2,7 @@
 run, with tau, the oracle ceilings, coverage, tokens/s and a greedy losslessness check; results.json and plots.
 
 The core (evaluate, write) takes already-tokenized prompts. `dcoco eval` (run) decodes conversations: the rows
-`dcoco bench` draws, every turn (load_chats, evaluate_chats). The demo reads first turns (load_suites, encode)."""
+`dcoco bench` draws, every turn (load_chats, evaluate_chats). The demo reads first turns (suites.load_suites, encode)."""
 
 from __future__ import annotations
 
@@ -14,71 +14,11 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from . import plots
-from .corpus import chat_ids
-from .spec import KS, Engine, Result, summarize, target_only
-
-SUITES_HINT = ("prompt suites are JSONL files of {\"turns\": [...]} lines (like the eval_datasets/ folder of the "
-               "DeepSpec repository, which dcoco ships in dcoco/data/suites); pass a folder or files with --suites")
-
-
-def default_suites() -> Path:
-    """$DCOCO_SUITES, else the suites shipped in the package (data/suites: 8 of the paper's 10, its README)."""
-    import os
-    from importlib import resources
-
-    return Path(os.environ.get("DCOCO_SUITES") or str(resources.files("dcoco") / "data" / "suites"))
-
-
-def suite_files(paths: Sequence[str | Path] | None, arg: str = "suites") -> list[Path]:
-    """The .jsonl files named by paths (folders: every *.jsonl in them; None: default_suites()), distinct stems.
-    ValueError, prefixed with arg, names what is missing."""
-    if not paths:
-        if not default_suites().is_dir():
-            raise ValueError(f"{arg}: no default suites at {default_suites()}; {SUITES_HINT}")
-        paths = [default_suites()]
-    files: list[Path] = []
-    for p in map(Path, paths):
-        if p.is_dir():
-            found = sorted(p.glob("*.jsonl"))
-            if not found:
-                raise ValueError(f"{arg}: no *.jsonl files in {p}; {SUITES_HINT}")
-            files += found
-        elif p.is_file():
-            files.append(p)
-        else:
-            raise ValueError(f"{arg}: {p} does not exist; {SUITES_HINT}")
-    for i, f in enumerate(files):
-        if f.stem in (g.stem for g in files[:i]):
-            raise ValueError(f"{arg}: two suites named {f.stem!r} ({f})")
-    return files
-
-
-def load_suites(paths: Sequence[str | Path] | None = None, rows: int = 8) -> dict[str, list[str]]:
-    """{suite name (file stem): the first user turn of its first `rows` lines}. paths: folders (every *.jsonl
-    in them) or .jsonl files; None = default_suites(). ValueError names what is missing or malformed."""
-    if isinstance(rows, bool) or not isinstance(rows, int) or rows < 1:
-        raise ValueError(f"rows: expected an integer >= 1, got {rows!r}")
-    out: dict[str, list[str]] = {}
-    for f in suite_files(paths):
-        prompts = []
-        for i, line in enumerate(f.read_text(encoding="utf-8").split("\n")):
-            if len(prompts) == rows:
-                break
-            if not line.strip():
-                continue
-            try:
-                turns = json.loads(line)["turns"]
-            except (json.JSONDecodeError, KeyError, TypeError):
-                raise ValueError(f"suites: {f} line {i + 1}: expected {{\"turns\": [...]}}") from None
-            if not (isinstance(turns, list) and turns and isinstance(turns[0], str)):
-                raise ValueError(f"suites: {f} line {i + 1}: turns must be a non-empty list of strings")
-            prompts.append(turns[0])  # first turn only: a second needs the first's answer in the context
-        if not prompts:
-            raise ValueError(f"suites: {f} has no prompts")
-        out[f.stem] = prompts
-    return out
-
+from .. import plots
+from ..suites import ALL, load, subset
+from ..target.corpus import chat_ids
+from ..target.load import load_target
+from .engine import KS, Engine, Result, summarize, target_only
 
 def encode(tokenizer, suites: Mapping[str, Sequence[str]], thinking: bool = False) -> dict[str, list[list[int]]]:
     """Chat-templated ids (one user turn plus the generation prompt) of every prompt; thinking off by default
@@ -142,15 +82,13 @@ def decode_all(target: nn.Module, engines: Mapping[str, Engine], suites: Mapping
 
 
 def load_chats(paths: Sequence[str | Path] | None = None, rows: int | None = 8) -> dict[str, list[list[str]]]:
-    """{suite: the user turns of each chosen row}: `dcoco bench`'s rows (serve_bench.subset: drawn with its seed,
-    the same rows as `dcoco bench --rows N`; None: the paper's subsets; serve_bench.ALL: every row), every turn."""
-    from . import serve_bench
-
-    bad = isinstance(rows, bool) or not isinstance(rows, int) or (rows < 1 and rows != serve_bench.ALL)
+    """{suite: the user turns of each chosen row}: `dcoco bench`'s rows (suites.subset: drawn with its seed,
+    the same rows as `dcoco bench --rows N`; None: the paper's subsets; suites.ALL: every row), every turn."""
+    bad = isinstance(rows, bool) or not isinstance(rows, int) or (rows < 1 and rows != ALL)
     if rows is not None and bad:
         raise ValueError(f"rows: expected an integer >= 1, 'all' or None (the paper's subsets), got {rows!r}")
-    suites = serve_bench.load(paths, "suites")
-    return {name: [rs[i]["turns"] for i in serve_bench.subset(name, rs, rows)] for name, rs in suites.items()}
+    suites = load(paths, "suites")
+    return {name: [rs[i]["turns"] for i in subset(name, rs, rows)] for name, rs in suites.items()}
 
 
 def evaluate_chats(target: nn.Module, engine: Engine, tokenizer, chats: Mapping[str, Sequence[Sequence[str]]],
@@ -294,9 +232,8 @@ def run(drafter: str, target: str = "smollm2", suites: Sequence[str] | None = No
     turn of `rows` rows per suite (load_chats), print the table, write under out. rule / num_candidates default to
     the checkpoint's dcoco_config (greedy / 16 without one). Exits loudly (stderr) on a greedy losslessness
     failure; the caller sets the exit code."""
-    from . import checkpoint
-    from .dflash import read_config
-    from .recipe import load_target
+    from ..modeling import checkpoint
+    from ..modeling.dflash import read_config
 
     chats = load_chats(suites, rows)  # before the slow loads: a bad path fails at once
     d, c = checkpoint.load(drafter)  # and so does a bad drafter, or a bad rule, lam or K

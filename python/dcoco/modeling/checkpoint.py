@@ -11,8 +11,8 @@ import json
 from pathlib import Path
 
 import torch
-from . import _ops
-from .corrector import Corrector
+from ..ops import fused
+from ..corrector import Corrector
 from .dflash import ARCHITECTURE as DFLASH_ARCHITECTURE
 from .dflash import DFlashDrafter, read_config, read_tensors
 
@@ -34,8 +34,8 @@ def save(path: str | Path, drafter: DFlashDrafter, corrector: Corrector | None =
     if corrector.hidden_size != drafter.config.hidden_size:
         raise ValueError(f"corrector: hidden_size {corrector.hidden_size} differs from the drafter's "
                          f"{drafter.config.hidden_size}")
-    if selection not in _ops.RULES:
-        raise ValueError(f"selection: expected one of {sorted(_ops.RULES)}, got {selection!r}")
+    if selection not in fused.RULES:
+        raise ValueError(f"selection: expected one of {sorted(fused.RULES)}, got {selection!r}")
     dcoco_config = {"num_candidates": corrector.num_candidates, "width": corrector.width,
                     "mlp_hidden": corrector.mlp_hidden, "selection": selection}
     drafter.save_pretrained(path, extra_tensors={PREFIX + k: v for k, v in corrector.state_dict().items()},
@@ -96,10 +96,10 @@ def dcoco_config(dc, path: Path) -> dict:
         v = dc.get(key)
         if isinstance(v, bool) or not isinstance(v, int) or v < lo:
             raise ValueError(f"{path}: dcoco_config.{key}: expected an integer >= {lo}, got {v!r}")
-    if dc["num_candidates"] > _ops.MAX_CANDIDATES:
-        raise ValueError(f"{path}: dcoco_config.num_candidates: at most {_ops.MAX_CANDIDATES}, "
+    if dc["num_candidates"] > fused.MAX_CANDIDATES:
+        raise ValueError(f"{path}: dcoco_config.num_candidates: at most {fused.MAX_CANDIDATES}, "
                          f"got {dc['num_candidates']}")
-    if dc.get("selection") not in _ops.RULES:
-        raise ValueError(f"{path}: dcoco_config.selection: expected one of {sorted(_ops.RULES)}, "
+    if dc.get("selection") not in fused.RULES:
+        raise ValueError(f"{path}: dcoco_config.selection: expected one of {sorted(fused.RULES)}, "
                          f"got {dc.get('selection')!r}")
     return dc

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import random
 import re
 import statistics
 import sys
@@ -19,37 +18,20 @@ import time
 from collections.abc import Sequence
 from pathlib import Path
 
-from .evaluate import suite_files
+from ..chat import chat
+from ..jsonl import append_record, read_records
+from ..suites import ALL, SUITES, load, order, read, subset
+from . import serve_bench_report as report
 
-# the paper's ten suites in its table order: file stem -> (domain, name shown)
-SUITES = {"math500": ("Math", "MATH-500"), "aime25": ("Math", "AIME-25"), "gsm8k": ("Math", "GSM8K"),
-          "humaneval": ("Code", "HumanEval"), "mbpp": ("Code", "MBPP"), "livecodebench": ("Code", "LiveCodeBench"),
-          "mt-bench": ("General", "MT-Bench"), "arena-hard-v2": ("General", "Arena-Hard-v2"),
-          "alpaca": ("General", "Alpaca"), "speed-bench": ("General", "SPEED-Bench")}
-SEED = 1234  # the paper's subset seed
-ROWS = 128  # the paper's rows per suite; smaller suites (AIME-25: 30, MT-Bench: 80) are taken whole
-PER_CATEGORY = 80  # SPEED-Bench: 80 rows of each category
 # suites not shipped in data/suites: hub dataset, config, split
 HUB = {"alpaca": ("tatsu-lab/alpaca", None, "train"), "speed-bench": ("nvidia/SPEED-Bench", "qualitative", "test")}
 COUNTERS = {"vllm:spec_decode_num_drafts": "drafts", "vllm:spec_decode_num_draft_tokens": "draft_tokens",
             "vllm:spec_decode_num_accepted_tokens": "accepted"}
 PER_POS = "vllm:spec_decode_num_accepted_tokens_per_pos"
 SAME = ("model", "max_tokens", "temperature", "thinking")  # what a resumed run must share with the first
-ALL = -1  # --rows all
 WARMUP = "Say hello."
 _SAMPLE = re.compile(r"^([A-Za-z_:][\w:]*)(?:\{(.*)\})?\s+(\S+)")  # name{labels} value [timestamp]
 _LABEL = re.compile(r'(\w+)="((?:[^"\\]|\\.)*)"')
-
-
-def parse_rows(text: str | None) -> int | None:
-    """--rows: None (the paper's subsets), 'all' (ALL) or an integer >= 1."""
-    if text is None:
-        return None
-    if text == "all":
-        return ALL
-    if not text.isdigit() or int(text) < 1:
-        raise ValueError(f"--rows: expected an integer >= 1 or 'all', got {text!r}")
-    return int(text)
 
 
 def parse_seeds(text: str) -> list[int | None]:
@@ -71,52 +53,6 @@ def parse_concurrency(text: str) -> list[int]:
     if not all(p.isdigit() and int(p) >= 1 for p in parts) or len(set(parts)) != len(parts):
         raise ValueError(f"--concurrency: expected distinct integers >= 1, comma-separated, got {text!r}")
     return [int(p) for p in parts]
-
-
-def order(names) -> list[str]:
-    """The paper's table order, then other suites by name."""
-    return sorted(names, key=lambda n: (list(SUITES).index(n) if n in SUITES else len(SUITES), n))
-
-
-def _read(path: Path, arg: str = "--suites") -> list[dict]:
-    rows = []
-    for i, line in enumerate(path.read_text(encoding="utf-8").split("\n")):
-        if not line.strip():
-            continue
-        try:
-            row = json.loads(line)
-            turns = row["turns"]
-        except (json.JSONDecodeError, KeyError, TypeError):
-            raise ValueError(f"{arg}: {path} line {i + 1}: expected {{\"turns\": [...]}}") from None
-        if not (isinstance(turns, list) and turns and all(isinstance(t, str) for t in turns)):
-            raise ValueError(f"{arg}: {path} line {i + 1}: turns must be a non-empty list of strings")
-        rows.append({"turns": turns, **({"category": row["category"]} if "category" in row else {})})
-    if not rows:
-        raise ValueError(f"{arg}: {path} has no rows")
-    return rows
-
-
-def load(paths: Sequence[str | Path] | None = None, arg: str = "--suites") -> dict[str, list[dict]]:
-    """{suite (file stem): rows {"turns": [...], "category"?}} in table order, every turn kept. paths: folders
-    (every *.jsonl in them) or .jsonl files; None = default_suites(). arg: the name errors give the paths."""
-    out = {f.stem: _read(f, arg) for f in suite_files(paths, arg)}
-    return {n: out[n] for n in order(out)}
-
-
-def _draw(idx: Sequence[int], n: int) -> list[int]:
-    return list(idx) if n == ALL or len(idx) <= n else random.Random(SEED).sample(list(idx), n)
-
-
-def subset(name: str, rows: Sequence[dict], n: int | None = None) -> list[int]:
-    """Row indices, in file order. n None: the paper's subset, ROWS rows drawn with random.Random(SEED).sample
-    (a smaller suite whole; SPEED-Bench: PER_CATEGORY rows of each category when its rows carry one); n >= 1: n
-    rows drawn the same way; ALL: all."""
-    if n is None and name == "speed-bench" and all("category" in r for r in rows):
-        by: dict[str, list[int]] = {}
-        for i, r in enumerate(rows):
-            by.setdefault(str(r["category"]), []).append(i)
-        return sorted(i for c in sorted(by) for i in _draw(by[c], PER_CATEGORY))
-    return sorted(_draw(range(len(rows)), ROWS if n is None else n))
 
 
 def hub(names: Sequence[str], dest: Path) -> None:
@@ -185,33 +121,6 @@ async def scrape(client, base: str) -> dict | None:
     return counters(r.text) if r.status_code == 200 else None
 
 
-async def chat(client, base: str, body: dict, messages: list[dict]) -> dict:
-    """One chat-completions request: {status: ok, tokens, latency, finish, content, token_ids and prompt_token_ids
-    (None unless the server returns them, e.g. vLLM with return_token_ids)} or {status: error, error, http_status
-    (when it answered)}."""
-    import httpx
-
-    t0 = time.perf_counter()
-    try:
-        r = await client.post(f"{base}/v1/chat/completions", json={**body, "messages": messages})
-    except httpx.TimeoutException:
-        return {"status": "error", "error": f"no answer within --timeout ({client.timeout.read} s)"}
-    except httpx.HTTPError as e:  # refused, dropped mid-response, ...
-        return {"status": "error", "error": f"{type(e).__name__}: {e}"}
-    lat = time.perf_counter() - t0
-    if r.status_code != 200:
-        return {"status": "error", "http_status": r.status_code, "error": f"HTTP {r.status_code}: {r.text[:500]}"}
-    try:
-        data = r.json()
-        choice, tokens = data["choices"][0], int(data["usage"]["completion_tokens"])
-        content = choice["message"].get("content") or ""
-    except (ValueError, KeyError, IndexError, TypeError, AttributeError) as e:
-        return {"status": "error", "http_status": r.status_code,
-                "error": f"malformed response ({type(e).__name__}: {e}): {r.text[:300]}"}
-    return {"status": "ok", "tokens": tokens, "latency": lat, "finish": choice.get("finish_reason"),
-            "content": content, "token_ids": choice.get("token_ids"), "prompt_token_ids": data.get("prompt_token_ids")}
-
-
 async def converse(client, base: str, body: dict, turns: Sequence[str]) -> dict:
     """One conversation: the user turns in order, each model answer kept in the context of the next. A record
     {status: ok | error, turns: [{tokens, latency, finish}], tokens, latency, tps} or, on the first failure,
@@ -227,26 +136,6 @@ async def converse(client, base: str, body: dict, turns: Sequence[str]) -> dict:
         done.append({k: r[k] for k in ("tokens", "latency", "finish")})
     tokens, latency = sum(t["tokens"] for t in done), sum(t["latency"] for t in done)
     return {"status": "ok", "turns": done, "tokens": tokens, "latency": latency, "tps": tokens / latency}
-
-
-def append_record(path: Path, rec: dict) -> None:
-    """Appends rec to the JSONL file at path (one line, so a kill can cut only the last record)."""
-    with path.open("a", encoding="utf-8") as f:
-        f.write(json.dumps(rec) + "\n")
-
-
-def read_records(path: Path) -> list[dict]:
-    """The records of a JSONL file written by append_record ([] when there is none)."""
-    if not path.is_file():
-        return []
-    # a line cut by a kill mid-write is dropped: its request is simply redone
-    out = []
-    for line in path.read_text(encoding="utf-8").splitlines():
-        try:
-            out.append(json.loads(line))
-        except json.JSONDecodeError:
-            pass
-    return out
 
 
 def _mean_std(xs: list[float]) -> tuple[float | None, float | None]:
@@ -424,7 +313,7 @@ def select(paths: Sequence[str | Path] | None, only: Sequence[str] | None, use_h
         hub(fetch, saved)
     for n in wanted:
         if n not in found and (saved / f"{n}.jsonl").is_file():
-            found[n] = _read(saved / f"{n}.jsonl")
+            found[n] = read(saved / f"{n}.jsonl")
     found = {n: found[n] for n in order(found)}
     absent = [n for n in wanted if n not in found]
     how = "pass a folder holding them with --suites"
@@ -445,8 +334,6 @@ def run(endpoint: str, model: str, out: str | Path, suites: Sequence[str | Path]
     """Everything `dcoco bench` does; returns (run.json's content, failed requests). ValueError names a bad
     argument; SystemExit when the server cannot be used at all. Resumes the run in out: requests that ended ok
     are kept, failed ones are sent again."""
-    from . import serve_bench_report as report
-
     if max_tokens < 1:
         raise ValueError(f"--max-tokens: expected an integer >= 1, got {max_tokens}")
     if timeout <= 0:

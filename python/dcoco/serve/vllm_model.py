@@ -44,8 +44,10 @@ from vllm.model_executor.models.qwen3_dflash import DFlashQwen3ForCausalLM
 from vllm.platforms import current_platform
 from vllm.transformers_utils.repo_utils import get_hf_file_bytes
 
-from . import backend, checkpoint, hook
-from .corrector import Corrector
+from ..ops import backend
+from ..modeling import checkpoint
+from . import hook
+from ..corrector import Corrector
 
 logger = init_logger(__name__)
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from . import _ops, backend, native
+from . import fused, backend, native
 
 
 def select(scores: torch.Tensor, first_logits: torch.Tensor, rule: str = "greedy", lam: float = 0.75) -> torch.Tensor:
@@ -15,9 +15,9 @@ def select(scores: torch.Tensor, first_logits: torch.Tensor, rule: str = "greedy
     geometric: the same with weight lam^(p-1) on S_p (the paper uses lam = 0.75).
     Ties go to the lower rank (at the earliest slot for the path rules); NaN loses to every number.
     """
-    _ops.require_tensors(scores=scores, first_logits=first_logits)
+    fused.require_tensors(scores=scores, first_logits=first_logits)
     if not isinstance(rule, str):
-        raise TypeError(f"rule: expected one of {sorted(_ops.RULES)}, got {rule!r}")
+        raise TypeError(f"rule: expected one of {sorted(fused.RULES)}, got {rule!r}")
     if backend.native(scores.device):
         return native.select(scores, first_logits, rule, float(lam))
     return torch.ops.dcoco.select(scores, first_logits, rule, float(lam))
@@ -33,7 +33,7 @@ def sample(scores: torch.Tensor, first_logits: torch.Tensor, temperature: torch.
     One draw per slot is the greedy walk over Gumbel-perturbed scores (Gumbel-max: the argmax of x / T + g over
     independent Gumbel noise g is distributed as softmax(x / T)); the walk reads only the row of the chosen
     predecessor, so perturbing every row independently draws each slot from its own row."""
-    _ops.require_tensors(scores=scores, first_logits=first_logits)
+    fused.require_tensors(scores=scores, first_logits=first_logits)
     if scores.dim() != 4 or first_logits.dim() != 2 or scores.shape[0] != first_logits.shape[0] or \
             scores.shape[2:] != (first_logits.shape[1],) * 2:
         raise ValueError(f"scores (R,B-1,K,K) and first_logits (R,K): got {tuple(scores.shape)} and "

@@ -38,16 +38,21 @@ from pathlib import Path
 import torch
 from safetensors.torch import load_file, save_file
 
-from . import checkpoint, corpus, frozen, simulate, smollm2
-from . import plots as figures  # demo.plots draws the demo's figures
-from .corrector import Corrector
-from .selector import CandidateSelector
-from .dflash import DFlashDrafter
-from .recipe import SMOLLM2, SMOLLM2_TAPS, cache_dir, drafter_config, load_target
-from .evaluate import coverage_plot, decode_all, default_suites, encode, load_suites
-from .spec import Engine, summarize
-from .stats import tau_table
-from .training import TrainConfig, train
+from ..modeling import checkpoint
+from ..target import corpus, smollm2
+from ..train import frozen
+from ..specdec import simulate
+from .. import plots as figures  # demo.plots draws the demo's figures
+from ..corrector import Corrector
+from ..modeling.selector import CandidateSelector
+from ..modeling.dflash import DFlashDrafter
+from ..suites import default_suites, load_suites
+from ..target.load import SMOLLM2, load_target
+from ..train.recipe import SMOLLM2_TAPS, cache_dir, drafter_config
+from ..specdec.evaluate import coverage_plot, decode_all, encode
+from ..specdec.engine import Engine, summarize
+from ..specdec.stats import tau_table
+from ..train.training import TrainConfig, train
 
 EVAL_ROWS_RESERVED = 32  # the demo evaluates rows below this index of each suite; training never sees them
 # training rows per suite of the shipped suites (data/suites; index >= EVAL_ROWS_RESERVED, shuffled with seed 0); aime25

@@ -26,10 +26,10 @@ import math
 
 import torch
 
-from .corrector import Corrector
-from .dflash import DFlashConfig, DFlashDrafter
-from .head import chunk_rows
-from .native import CHUNK_BYTES as NATIVE_CHUNK_BYTES
+from ..corrector import Corrector
+from ..modeling.dflash import DFlashConfig, DFlashDrafter
+from ..modeling.head import chunk_rows
+from ..ops.native import CHUNK_BYTES as NATIVE_CHUNK_BYTES
 from .training import TrainConfig
 
 GIB = 2 ** 30
@@ -99,9 +99,9 @@ def _check(target, drafter, cfg, world, seq_len, shard_target, online, cuda, dev
     if target.model_type not in TARGET_TYPES:
         raise ValueError(f"target: model_type {target.model_type!r} is not one of {TARGET_TYPES}")
     if not isinstance(drafter, DFlashConfig):
-        raise ValueError(f"drafter: expected a dcoco.dflash.DFlashConfig, got {type(drafter).__name__}")
+        raise ValueError(f"drafter: expected a dcoco.modeling.dflash.DFlashConfig, got {type(drafter).__name__}")
     if not isinstance(cfg, TrainConfig):
-        raise ValueError(f"cfg: expected a dcoco.training.TrainConfig, got {type(cfg).__name__}")
+        raise ValueError(f"cfg: expected a dcoco.train.training.TrainConfig, got {type(cfg).__name__}")
     for name, v, lo in (("world", world, 1), ("seq_len", seq_len, 2)):
         if isinstance(v, bool) or not isinstance(v, int) or v < lo:
             raise ValueError(f"{name}: expected an integer >= {lo}, got {v!r}")

@@ -8,8 +8,8 @@ from __future__ import annotations
 
 import torch
 
-from .corrector import Corrector
-from .select import sample, select
+from ..corrector import Corrector
+from ..ops.select import sample, select
 
 
 def tokens(corrector: Corrector, embed: torch.Tensor, selection: str, hidden: torch.Tensor, cand_ids: torch.Tensor,

@@ -9,7 +9,7 @@ from collections.abc import Mapping, Sequence
 
 import numpy as np
 
-from .spec import Result
+from .engine import Result
 
 LEVEL, RESAMPLES = 0.95, 2000
 

@@ -21,14 +21,14 @@ import torch.distributed as dist
 from torch import nn
 from tqdm import tqdm
 
-from . import checkpoint
-from .corpus import Corpus
+from ..modeling import checkpoint
+from ..target.corpus import Corpus
 from .online import TargetFeatures, TokenCorpus
-from .corrector import Corrector
-from .dflash import DFlashConfig, DFlashDrafter, decayed_mean
-from .head import shortlist_ce, topk_ce
-from .loss import correction_loss
-from .select import select
+from ..corrector import Corrector
+from ..modeling.dflash import DFlashConfig, DFlashDrafter, decayed_mean
+from ..modeling.head import shortlist_ce, topk_ce
+from ..loss import correction_loss
+from ..ops.select import select
 
 MODES = ("drafter", "corrector", "joint")
 STATE = "train_state.pt"
@@ -318,7 +318,8 @@ def train(cfg: TrainConfig, corpus: Corpus | TokenCorpus, embed: torch.Tensor, h
     if not isinstance(cfg, TrainConfig):
         raise TypeError(f"cfg: expected a TrainConfig, got {type(cfg).__name__}")
     if not isinstance(corpus, (Corpus, TokenCorpus)):
-        raise TypeError(f"corpus: expected a dcoco.corpus.Corpus or online.TokenCorpus, got {type(corpus).__name__}")
+        raise TypeError(f"corpus: expected a dcoco.target.corpus.Corpus or online.TokenCorpus, "
+                        f"got {type(corpus).__name__}")
     if (target is None) != isinstance(corpus, Corpus):
         raise ValueError("target: a TokenCorpus needs the target (online features), a feature cache must not have it")
     if cfg.mode == "corrector" and not isinstance(drafter, DFlashDrafter):

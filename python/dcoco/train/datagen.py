@@ -21,7 +21,8 @@ from pathlib import Path
 
 from tqdm import tqdm
 
-from . import serve_bench
+from ..chat import chat
+from ..jsonl import append_record, read_records
 
 ROLES_USER = ("user", "human")
 ROLES_SYSTEM = ("system",)
@@ -83,14 +84,14 @@ def inputs(paths: Sequence[str | Path], hub: Sequence[str] = (), split: str = "t
 
 
 def done_keys(path: Path) -> set[tuple[str, int]]:
-    return {(r["source"], r["row"]) for r in serve_bench.read_records(path)}
+    return {(r["source"], r["row"]) for r in read_records(path)}
 
 
 def load(folder: str | Path) -> list[tuple[list[int], list[int]]]:
     """[(prompt ids, response ids)] of every sample of every shard in folder, in (source, row, turn) order."""
     recs = []
     for f in sorted(Path(folder).glob("shard-*.jsonl")):
-        recs += serve_bench.read_records(f)
+        recs += read_records(f)
     if not recs:
         raise ValueError(f"data: no generated samples in {folder} (dcoco data generate writes shard-*.jsonl)")
     recs.sort(key=lambda r: (r["source"], r["row"]))
@@ -138,7 +139,7 @@ class Generator:
                 say(f"{source} row {row}: turn {t + 1}'s prompt has {len(ids)} tokens > --max-prompt-tokens "
                     f"{self.max_prompt}; " + (f"kept turns 1-{t}" if t else "dropped"))
                 break
-            answer = await serve_bench.chat(client, self.base, self.body, messages)
+            answer = await chat(client, self.base, self.body, messages)
             if answer["status"] != "ok":
                 say(f"{source} row {row}: turn {t + 1} failed ({answer['error']}); rerun to retry it")
                 return None
@@ -199,7 +200,7 @@ async def _generate(gen: Generator, todo: list[tuple], path: Path, concurrency: 
         if rec is None:
             counts["failed"] += 1
         else:
-            serve_bench.append_record(path, rec)
+            append_record(path, rec)
             counts["written"] += 1
             counts["samples"] += len(rec["samples"])
         bar.update(1)

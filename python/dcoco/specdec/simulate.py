@@ -22,8 +22,8 @@ from pathlib import Path
 
 import torch
 
-from .dflash import DFlashDrafter
-from .spec import KS, Engine, Result
+from ..modeling.dflash import DFlashDrafter
+from .engine import KS, Engine, Result
 
 
 @torch.no_grad()
@@ -126,8 +126,8 @@ def references(target, suites: Mapping[str, Sequence[list[int]]], max_new_tokens
     there one prompt at a time (target_only)."""
     from tqdm.auto import tqdm
 
-    from .corpus import CorpusSettings, fingerprint, generate
-    from .spec import target_only
+    from ..target.corpus import CorpusSettings, fingerprint, generate
+    from .engine import target_only
 
     path = None
     if cache is not None:
@@ -190,7 +190,7 @@ def simulate_all(engines: Mapping[str, Engine], suites: Mapping[str, Sequence[li
 def report(per: Mapping[str, Mapping[str, Sequence[Result]]], base: str) -> dict[str, dict]:
     """{method: {"overall": row, "suites": {suite: row}}}: a row is spec.summarize plus tau_ci, ratio (tau over
     base's) and ratio_ci from stats.tau_table (95%, paired bootstrap over prompts)."""
-    from .spec import summarize
+    from .engine import summarize
     from .stats import tau_table
 
     suites = list(next(iter(per.values())))

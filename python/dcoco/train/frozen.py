@@ -12,11 +12,11 @@ from pathlib import Path
 import torch
 from safetensors.torch import load_file, save_file
 
-from .corpus import Corpus
-from .corrector import Corrector
-from .dflash import DFlashDrafter
-from .loss import correction_loss
-from .selector import CandidateSelector
+from ..target.corpus import Corpus
+from ..corrector import Corrector
+from ..modeling.dflash import DFlashDrafter
+from ..loss import correction_loss
+from ..modeling.selector import CandidateSelector
 from .training import _gen, sample_anchors
 
 KEYS = ("hidden", "cand_ids", "cand_logits", "anchor_ids", "target", "valid")

@@ -17,8 +17,8 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
-from .corpus import generate, token_ids
-from .head import chunk_rows
+from ..target.corpus import generate, token_ids
+from ..modeling.head import chunk_rows
 
 
 class TokenCorpus:

@@ -11,31 +11,21 @@ from types import SimpleNamespace
 import torch
 import torch.distributed as dist
 
-from . import checkpoint, datagen, smollm2
-from .corpus import CorpusSettings, build_corpus, corpus_key, encode_prompts, load_prompts
-from .dflash import DFlashConfig, build_target_layer_ids
+from ..modeling import checkpoint
+from ..modeling.dflash import DFlashConfig, build_target_layer_ids
+from ..target import smollm2
+from ..target.corpus import CorpusSettings, build_corpus, corpus_key, encode_prompts, load_prompts
+from ..target.load import SMOLLM2, load_target
+from . import datagen
 from .online import TargetFeatures, TokenCorpus, shared_responses
 from .training import TrainConfig, TrainResult, init_distributed, resolve_device, train
 
-SMOLLM2 = "smollm2"
 SMOLLM2_TAPS = [1, 15, 27]  # the taps of the feasibility run (notes/smollm2-feasibility.md)
 FEATURES = ("auto", "cache", "online")
 
 
 def cache_dir() -> Path:
     return Path(os.environ.get("DCOCO_CACHE", Path.home() / ".cache" / "dcoco"))
-
-
-def load_target(name: str = SMOLLM2, dtype: torch.dtype | None = None):
-    """(tokenizer, model) in eval mode: "smollm2" is the embedded target, anything else a transformers
-    causal LM directory or hub id. dtype: the weights' dtype (default: transformers' default)."""
-    if name == SMOLLM2:
-        tok, model = smollm2.load()
-        return tok, model if dtype is None else model.to(dtype)
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-
-    kw = {} if dtype is None else {"dtype": dtype}
-    return AutoTokenizer.from_pretrained(name), AutoModelForCausalLM.from_pretrained(name, **kw).eval()
 
 
 def local_checkpoint(name: str) -> Path:
@@ -148,8 +138,8 @@ def plan(cfg: TrainConfig, target: str = SMOLLM2, init: str | None = None, layer
     """`dcoco train --dry-run`: the per-rank memory plan (memplan.Plan) of a run, from configs alone (no weights).
     gpu_memory: GiB per device, which also makes it a CUDA plan on a machine without one (default: this device's)."""
     from . import memplan
-    from .checkpoint import ARCHITECTURE
-    from .dflash import ARCHITECTURE as DFLASH
+    from ..modeling.checkpoint import ARCHITECTURE
+    from ..modeling.dflash import ARCHITECTURE as DFLASH
 
     if features not in FEATURES:
         raise ValueError(f"features: expected one of {FEATURES}, got {features!r}")

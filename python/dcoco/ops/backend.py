@@ -20,7 +20,7 @@ from collections.abc import Iterator
 
 import torch
 
-from . import _C
+from .. import _C
 
 BACKENDS = ("auto", "fused", "native")
 # Archs whose fused CUDA path passed bench/gpu_check.sh, with its JSON committed under bench/results/gpu/.

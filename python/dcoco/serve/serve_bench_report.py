@@ -9,8 +9,8 @@ import statistics
 from collections.abc import Sequence
 from pathlib import Path
 
-from . import plots
-from .serve_bench import SUITES, order
+from .. import plots
+from ..suites import SUITES, order
 
 MODES = ("greedy", "sampling")
 

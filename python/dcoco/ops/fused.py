@@ -18,7 +18,8 @@ import functools
 
 import torch
 
-from . import _C, backend, checks
+from .. import _C
+from . import backend, checks
 from .checks import MAX_CANDIDATES, RULES, WEIGHTS, require_tensors  # noqa: F401  (the ops' public names)
 
 assert MAX_CANDIDATES == _C.MAX_CANDIDATES, (MAX_CANDIDATES, _C.MAX_CANDIDATES)

@@ -1,0 +1,7 @@
+"""`python -m dcoco.cli ...`, as torchrun runs it."""
+
+import sys
+
+from . import main
+
+sys.exit(main())

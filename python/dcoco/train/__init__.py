@@ -1,0 +1,2 @@
+"""`dcoco train` and `dcoco data`: the training loop (training), online target features (online), the frozen-drafter
+contract (frozen), the memory plan (memplan), the pipeline (recipe) and data generation through a server (datagen)."""

@@ -1,0 +1,188 @@
+"""The package's layout rules (README, "Layout"), checked on the source without importing it.
+
+Every import of every module of python/dcoco counts: at module level and inside functions, absolute and relative.
+(a) No import circle. (b) Imports go one way between the layers: LAYERS says what each may import. (c) A module
+is at most MAX_LINES long, but for the ones LONG names. (d) Each third-party import comes from a distribution that
+dcoco declares for that module: [project].dependencies, plus the extras of its layer (EXTRAS)."""
+
+from __future__ import annotations
+
+import ast
+import sys
+from functools import cache
+from pathlib import Path
+
+from test_extras import CATCHES_IMPORT_ERROR, declared, distribution, norm
+
+ROOT = Path(__file__).parents[1]
+PKG = ROOT / "python" / "dcoco"
+
+# layer -> the layers it may import; "dcoco" is the package itself (dcoco/__init__.py, the public names)
+LAYERS = {
+    "ops": {"ops"},                                      # the compiled core's ops, the native backend, the choice
+    "top": {"ops", "top"},                               # corrector, loss, plots and the leaf I/O modules
+    "modeling": {"ops", "top", "modeling"},              # drafter, LM head, selector, checkpoints
+    "target": {"ops", "top", "target"},                  # the target model and its corpus
+    "dcoco": {"ops", "top", "modeling"},
+    "train": {"ops", "top", "modeling", "target", "train"},
+    "specdec": {"ops", "top", "modeling", "target", "specdec"},
+    "serve": {"ops", "top", "modeling", "serve"},
+    "cli": {"dcoco", "ops", "top", "modeling", "target", "train", "specdec", "serve", "cli"},
+    "testing": {"dcoco", "ops", "top", "modeling", "target", "train", "specdec", "serve", "testing"},
+}
+# re-exports of old module paths that users name; each may import its one target, and nothing may import it
+SHIMS = {
+    "dcoco.spec": "dcoco.specdec.engine",          # the engine's old path, which users know
+    "dcoco.vllm_plugin": "dcoco.serve.vllm_plugin",  # the installed vLLM entry point dcoco.vllm_plugin:register
+}
+MAX_LINES = 450
+LONG = {
+    "dcoco.train.training": "the training loop with DDP, resumes and background saves in one place; splitting it "
+                            "is a change of its own",
+    "dcoco.modeling.dflash": "the DFlash drafter, its config and the z-lab checkpoint reader, kept together",
+    "dcoco.cli.demo": "the demo's pipeline, edited in parallel elsewhere; moved as it is",
+}
+# extras beyond [project].dependencies, per layer, and per module where one module needs more than its layer
+EXTRAS = {"ops": (), "top": (), "modeling": (), "dcoco": (), "target": ("train",), "train": ("train",),
+          "specdec": ("train",), "cli": ("train", "demo"), "serve": (), "testing": ("test",)}
+MODULE_EXTRAS = {"dcoco.serve.vllm_model": ("vllm",)}
+# distributions installed by one that dcoco declares
+COMES_WITH = {"tokenizers": "transformers", "huggingface-hub": "transformers"}
+
+
+@cache
+def modules() -> dict[str, Path]:
+    out = {}
+    for path in sorted(PKG.rglob("*.py")):
+        parts = path.relative_to(PKG.parent).with_suffix("").parts
+        out[".".join(parts[:-1] if parts[-1] == "__init__" else parts)] = path
+    return out
+
+
+def is_module(name: str) -> bool:
+    return name in modules() or name == "dcoco._C"
+
+
+def layer(name: str) -> str:
+    if name == "dcoco":
+        return "dcoco"
+    sub = name.split(".")[1]
+    if sub == "_C":
+        return "ops"
+    return sub if (PKG / sub).is_dir() else "top"
+
+
+class Imports(ast.NodeVisitor):
+    """(imported dcoco module or third-party name, optional) of one module; relative imports resolved."""
+
+    def __init__(self, name: str, path: Path):
+        self.package = name if path.name == "__init__.py" else name.rpartition(".")[0]
+        self.found: list[tuple[str, bool]] = []
+        self.optional = 0
+
+    def visit_Try(self, node: ast.Try) -> None:
+        types = [t for h in node.handlers for t in (h.type.elts if isinstance(h.type, ast.Tuple) else [h.type])]
+        handles = any(t is None or getattr(t, "id", getattr(t, "attr", "")) in CATCHES_IMPORT_ERROR for t in types)
+        self.optional += handles
+        for stmt in node.body:
+            self.visit(stmt)
+        self.optional -= handles
+        for stmt in [*node.handlers, *node.orelse, *node.finalbody]:
+            self.visit(stmt)
+
+    def visit_Import(self, node: ast.Import) -> None:
+        self.found += [(a.name, bool(self.optional)) for a in node.names]
+
+    def visit_ImportFrom(self, node: ast.ImportFrom) -> None:
+        if node.level:
+            parts = self.package.split(".")
+            base = ".".join(parts[: len(parts) - node.level + 1] + ([node.module] if node.module else []))
+        else:
+            base = node.module
+        for a in node.names:  # `from pkg import mod` imports the module; `from mod import name`, the module
+            sub = f"{base}.{a.name}"
+            self.found.append((sub if is_module(sub) else base, bool(self.optional)))
+
+
+@cache
+def imports(name: str) -> list[tuple[str, bool]]:
+    path = modules()[name]
+    v = Imports(name, path)
+    v.visit(ast.parse(path.read_text(), str(path)))
+    return v.found
+
+
+def dcoco_imports(name: str) -> set[str]:
+    return {m for m, _ in imports(name) if m.split(".")[0] == "dcoco" and m != name}
+
+
+def test_every_subpackage_is_a_package():
+    folders = {p.parent for p in PKG.rglob("*.py")}
+    assert all((f / "__init__.py").is_file() for f in folders), sorted(map(str, folders))
+    assert {layer(m) for m in modules()} <= set(LAYERS)
+
+
+def test_no_import_circle():
+    graph = {m: {d for d in dcoco_imports(m) if d in modules()} for m in modules()}
+    state: dict[str, int] = {}  # 1: on the path, 2: done
+    circles = []
+
+    def walk(m: str, path: list[str]) -> None:
+        state[m] = 1
+        for d in sorted(graph[m]):
+            if state.get(d) == 1:
+                circles.append(" -> ".join(path[path.index(d):] + [m, d]) if d in path else f"{m} -> {d}")
+            elif d not in state:
+                walk(d, path + [m])
+        state[m] = 2
+
+    for m in sorted(graph):
+        if m not in state:
+            walk(m, [])
+    assert not circles, circles
+
+
+def test_imports_go_one_way():
+    bad = []
+    for m in modules():
+        for d in sorted(dcoco_imports(m)):
+            if d in SHIMS:
+                bad.append(f"{m} imports the re-export {d}; import {SHIMS[d]}")
+            elif m in SHIMS:
+                if d != SHIMS[m]:
+                    bad.append(f"the re-export {m} imports {d}, not only {SHIMS[m]}")
+            elif layer(d) not in LAYERS[layer(m)]:
+                bad.append(f"{m} ({layer(m)}) imports {d} ({layer(d)})")
+    assert not bad, bad
+
+
+def test_modules_are_short():
+    lines = {m: len(p.read_text().splitlines()) for m, p in modules().items()}
+    long = {m: n for m, n in lines.items() if n > MAX_LINES and m not in LONG}
+    assert not long, f"modules over {MAX_LINES} lines: {long}"
+    stale = [m for m in LONG if lines.get(m, 0) <= MAX_LINES]
+    assert not stale, f"LONG names modules that are short (or gone) now: {stale}"
+
+
+def test_each_module_imports_what_its_extras_install():
+    missing = []
+    for m in modules():
+        extras = MODULE_EXTRAS.get(m, EXTRAS[layer(m)])
+        have = set().union(declared(None), *(declared(e) for e in extras))
+        have |= {d for d, parent in COMES_WITH.items() if parent in have}
+        for name, optional in imports(m):
+            top = name.split(".")[0]
+            if optional or top == "dcoco" or top in sys.stdlib_module_names or top == "__future__":
+                continue
+            if not distribution(top) & have:
+                missing.append(f"{m}: {top} (distribution {'/'.join(sorted(distribution(top)))}) is in none of "
+                               f"[project].dependencies{''.join(f', [{e}]' for e in extras)}")
+    assert not missing, missing
+
+
+def test_the_walk_sees_every_kind_of_import():
+    assert "dcoco.ops.native" in dcoco_imports("dcoco.ops.select")  # from . import a, b
+    assert "dcoco._C" in dcoco_imports("dcoco.ops.backend")  # from .. import _C
+    assert "dcoco.modeling.checkpoint" in dcoco_imports("dcoco.specdec.evaluate")  # inside a function
+    assert ("datasets", True) in imports("dcoco.serve.serve_bench")  # optional: try/except ImportError
+    assert norm("huggingface_hub") == "huggingface-hub"
