@@ -12,10 +12,8 @@ import sys
 from functools import cache
 from pathlib import Path
 
-from test_extras import CATCHES_IMPORT_ERROR, declared, distribution, norm
+from imports import PKG, ImportVisitor, declared, distribution, norm
 
-ROOT = Path(__file__).parents[1]
-PKG = ROOT / "python" / "dcoco"
 
 # layer -> the layers it may import; "dcoco" is the package itself (dcoco/__init__.py, the public names)
 LAYERS = {
@@ -72,26 +70,12 @@ def layer(name: str) -> str:
     return sub if (PKG / sub).is_dir() else "top"
 
 
-class Imports(ast.NodeVisitor):
+class Imports(ImportVisitor):
     """(imported dcoco module or third-party name, optional) of one module; relative imports resolved."""
 
     def __init__(self, name: str, path: Path):
+        super().__init__()
         self.package = name if path.name == "__init__.py" else name.rpartition(".")[0]
-        self.found: list[tuple[str, bool]] = []
-        self.optional = 0
-
-    def visit_Try(self, node: ast.Try) -> None:
-        types = [t for h in node.handlers for t in (h.type.elts if isinstance(h.type, ast.Tuple) else [h.type])]
-        handles = any(t is None or getattr(t, "id", getattr(t, "attr", "")) in CATCHES_IMPORT_ERROR for t in types)
-        self.optional += handles
-        for stmt in node.body:
-            self.visit(stmt)
-        self.optional -= handles
-        for stmt in [*node.handlers, *node.orelse, *node.finalbody]:
-            self.visit(stmt)
-
-    def visit_Import(self, node: ast.Import) -> None:
-        self.found += [(a.name, bool(self.optional)) for a in node.names]
 
     def visit_ImportFrom(self, node: ast.ImportFrom) -> None:
         if node.level:
