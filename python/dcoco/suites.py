@@ -58,25 +58,8 @@ def load_suites(paths: Sequence[str | Path] | None = None, rows: int = 8) -> dic
     in them) or .jsonl files; None = default_suites(). ValueError names what is missing or malformed."""
     if isinstance(rows, bool) or not isinstance(rows, int) or rows < 1:
         raise ValueError(f"rows: expected an integer >= 1, got {rows!r}")
-    out: dict[str, list[str]] = {}
-    for f in suite_files(paths):
-        prompts = []
-        for i, line in enumerate(f.read_text(encoding="utf-8").split("\n")):
-            if len(prompts) == rows:
-                break
-            if not line.strip():
-                continue
-            try:
-                turns = json.loads(line)["turns"]
-            except (json.JSONDecodeError, KeyError, TypeError):
-                raise ValueError(f"suites: {f} line {i + 1}: expected {{\"turns\": [...]}}") from None
-            if not (isinstance(turns, list) and turns and isinstance(turns[0], str)):
-                raise ValueError(f"suites: {f} line {i + 1}: turns must be a non-empty list of strings")
-            prompts.append(turns[0])  # first turn only: a second needs the first's answer in the context
-        if not prompts:
-            raise ValueError(f"suites: {f} has no prompts")
-        out[f.stem] = prompts
-    return out
+    # first turn only: a second needs the first's answer in the context
+    return {f.stem: [r["turns"][0] for r in read(f, "suites")[:rows]] for f in suite_files(paths)}
 
 
 def parse_rows(text: str | None) -> int | None:
@@ -96,6 +79,7 @@ def order(names) -> list[str]:
 
 
 def read(path: Path, arg: str = "--suites") -> list[dict]:
+    """Every row {"turns": [...], "category"?} of a suite file; ValueError, prefixed with arg, names a bad line."""
     rows = []
     for i, line in enumerate(path.read_text(encoding="utf-8").split("\n")):
         if not line.strip():
