@@ -69,8 +69,8 @@ def arm_settings(name: str, warm_steps: int, warm_lr: float, size: demo.Size) ->
 def demo_stage(name: str, st: dict, cfg: TrainConfig, size: demo.Size) -> str:
     """The folder under the demo's work folder: the demo's own joint and online stages for the warm arms that
     have their recipe (one training serves both), study/<name> otherwise."""
-    if (st["kind"] == "warm" and cfg.steps == size.joint_steps and cfg.lr == demo.JOINT_LR and
-            cfg.rho == TrainConfig.rho and cfg.grad_accum == 1 and cfg.corr_grad in (demo.JOINT_CORR_GRAD, 0.0)):
+    same = cfg == demo.stage_config("joint", size.joint_steps, cfg.device, corr_grad=cfg.corr_grad, lr=demo.JOINT_LR)
+    if st["kind"] == "warm" and same and cfg.corr_grad in (demo.JOINT_CORR_GRAD, 0.0):
         return "dcoco-drafter" if cfg.corr_grad == demo.JOINT_CORR_GRAD else "online"
     return f"study/{name}"
 
