@@ -11,7 +11,7 @@ declare -A T=(
   [build]=130      # dcoco for this GPU's arch alone (sm_90a on an H200), on every core: one arch took 144 s
                    # on 2 busy cores, 105 s of it cuda/correct.cu alone, so nvcc --split-compile spreads that file
   [env]=10         # $OUT/env.json: the GPU, torch, dcoco.build_info(); the fused path must load
-  [tests]=60       # tests/test_cuda.py + test_select.py on CUDA, each test under both backends, vs the reference
+  [tests]=60       # tests/ops/test_cuda.py + test_select.py on CUDA, each test under both backends, vs the reference
   [hook]=35        # bench/gpu_hook.py: the plugin's hook eager and replayed in a CUDA graph, both backends,
                    # R 1/8/32, checked against the CPU core, timed against plain DFlash (argmax only)
   [sanitizer]=40   # bench/gpu_sanitize.py: memcheck, racecheck, synccheck at once, on dcoco's kernels only
@@ -110,7 +110,7 @@ rc=$?; ended env $rc $s
 # tests: SIGINT 5 s before the step's end, so pytest still writes the junit of what ran
 s=$SECONDS
 timeout -s INT -k 5 $(($(tmo tests) - 5)) python3 -m pytest -q -p no:cacheprovider --junitxml="$OUT/junit.xml" \
-  tests/test_cuda.py tests/test_select.py >"$W/tests.log" 2>&1
+  tests/ops/test_cuda.py tests/ops/test_select.py >"$W/tests.log" 2>&1
 rc=$?; tail -15 "$W/tests.log"; ended tests $rc $s
 log "tests: $(tail -1 "$W/tests.log")"
 

@@ -10,7 +10,7 @@ off keeps what finished.
 Each case: "topk_equal" (GPU and CPU top-K ids), "hand_back_ok" (+inf at the chosen token and nothing else changed,
 or the point mass), "graph_equal" (replay == eager), "agree_slots" / "agree_requests" (exact agreement with the
 CPU core), and for each disagreeing request whether the GPU's walk is still a greedy walk of the float64 reference
-scores within the tolerance tests/test_cuda.py uses ("invalid_walks" counts those that are not). Times are
+scores within the tolerance tests/ops/test_cuda.py uses ("invalid_walks" counts those that are not). Times are
 medians in us: "eager_us" (CUDA events around the eager call), "graph_us" (around a replay), "corrector_us" (the
 corrector alone, replayed), "baseline_us" (plain DFlash: argmax of the same logits, replayed), "ratio" =
 graph_us / baseline_us. The logits are restored before each call, outside the timed span: the hook rewrites them.
@@ -31,7 +31,7 @@ from dcoco.serve import hook
 from dcoco.testing import reference as ref
 
 N, K = 15, 16
-TOL = 1e-4  # bf16 inputs on the tensor-core paths (tests/test_cuda.py's tolerance)
+TOL = 1e-4  # bf16 inputs on the tensor-core paths (tests/ops/test_cuda.py's tolerance)
 
 
 def random_corrector(d: int, seed: int) -> dcoco.Corrector:

@@ -7,7 +7,7 @@ records outside dcoco's kernels are listed there, and never fail dcoco), the tim
 "passed": a GPU ran the fused kernel, and on the fused backend every test passed (the run complete), every hook case
 was ok, and each of the three sanitizers ran its case to the end with no error in dcoco's kernels;
 "native_passed": the tests and the hook on the native backend. Only an arch with a committed passing JSON may enter
-backend.VALIDATED_CUDA_ARCHS (tests/test_backend.py checks it). Needs no torch, so it also runs on a folder fetched
+backend.VALIDATED_CUDA_ARCHS (tests/ops/test_backend.py checks it). Needs no torch, so it also runs on a folder fetched
 back from the device after a call that was cut off before this step (DEST, default OUT: where the JSON goes, as
 that folder is read-only).
 """

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Line coverage of cuda/ under the emulated tests (tests/test_cuda_emulated.py, test_emulated_mma.py,
+# Line coverage of cuda/ under the emulated tests (tests/ops/test_cuda_emulated.py, test_emulated_mma.py,
 # tests/emulate): the runners are built with gcc --coverage, the tests run, gcov says which lines ran. The lines
 # counted: gcov's executable lines of what the emulation compiles, plus every code line (not blank, comment,
 # preprocessor or a lone brace) of what it never compiles: the launchers *.cu, the tensor-core policies sm*_*.cuh
@@ -17,7 +17,7 @@ else
   dir=$(mktemp -d)
   trap 'rm -rf "$dir"' EXIT
   DCOCO_EMU_DIR="$dir" DCOCO_EMU_FLAGS="-O1 --coverage -fprofile-update=single" .venv/bin/python -m pytest -q -p no:cacheprovider \
-    tests/test_cuda_emulated.py tests/test_emulated_mma.py >"$dir/pytest.log" 2>&1 || { tail -20 "$dir/pytest.log"; exit 1; }
+    tests/ops/test_cuda_emulated.py tests/ops/test_emulated_mma.py >"$dir/pytest.log" 2>&1 || { tail -20 "$dir/pytest.log"; exit 1; }
 fi
 for g in "$dir"/*.gcda; do  # each runner's report in its own folder: they share header names
   out="$dir/gcov-$(basename "$g" .gcda)"

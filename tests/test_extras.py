@@ -18,7 +18,7 @@ from collections import deque
 from functools import cache
 from pathlib import Path
 
-from imports import PKG, PYPROJECT, ImportVisitor, declared, distribution
+from helpers.imports import PKG, PYPROJECT, ImportVisitor, declared, distribution
 
 
 # the extra each command needs beyond [project].dependencies (None: none); cli/__init__.py's commands must match

@@ -12,7 +12,7 @@ import sys
 from functools import cache
 from pathlib import Path
 
-from imports import PKG, ImportVisitor, declared, distribution, norm
+from helpers.imports import PKG, ImportVisitor, declared, distribution, norm
 
 
 # layer -> the layers it may import; "dcoco" is the package itself (dcoco/__init__.py, the public names)

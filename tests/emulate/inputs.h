@@ -1,4 +1,4 @@
-// The emulated runners' shared input: the folder tests/test_cuda_emulated.py writes (meta.txt with sizes
+// The emulated runners' shared input: the folder tests/ops/test_cuda_emulated.py writes (meta.txt with sizes
 // and dtype codes, raw .bin arrays), loaded into CorrectParams or GradParams<float>.
 #pragma once
 #include <fstream>

@@ -1,5 +1,5 @@
 // Prints the fused forward's launch plan (cuda/plan.cuh) for each line "R B K d r H table scores ranks sms cap"
-// read from stdin: "fits smem G" per line. tests/test_cuda_emulated.py checks every K against the devices' caps.
+// read from stdin: "fits smem G" per line. tests/ops/test_cuda_emulated.py checks every K against the devices' caps.
 #include "cuda_emulation.h"
 // the emulation header must come first: it defines the CUDA keywords plan.cuh uses
 #include "plan.cuh"

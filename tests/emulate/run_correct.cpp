@@ -1,5 +1,5 @@
 // Runs the fused forward through its real host launcher (cuda/correct.cu: dispatch, plan, launch) under
-// tests/emulate/cuda_emulation.h, on a fake device, on inputs written by tests/test_cuda_emulated.py: argv[1] is a
+// tests/emulate/cuda_emulation.h, on a fake device, on inputs written by tests/ops/test_cuda_emulated.py: argv[1] is a
 // folder with meta.txt and raw .bin arrays; outputs go there. DCOCO_CUDA_PATH picks the path, as on a GPU; built
 // with -DDCOCO_EMULATE_MMA the tensor-core paths run their instructions' emulation (tensor_cores.h).
 // Exit codes: 5 the plan does not fit the device, 3/4 a counter is off, 6 a write past the launch's shared memory,

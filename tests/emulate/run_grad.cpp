@@ -1,5 +1,5 @@
 // Runs the CUDA backward (cuda/score_grad.cuh) through its real host launcher (cuda/grad.cu) under
-// tests/emulate/cuda_emulation.h on inputs written by tests/test_cuda_emulated.py (inputs.h plus grad.bin);
+// tests/emulate/cuda_emulation.h on inputs written by tests/ops/test_cuda_emulated.py (inputs.h plus grad.bin);
 // writes the gradients there. Exit 8: a CUDA error or a refused argument.
 #include "cuda_emulation.h"
 // the emulation header must come first: it defines the CUDA keywords the kernels use

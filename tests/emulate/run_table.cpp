@@ -1,5 +1,5 @@
 // Runs the vocabulary table (cuda/cand_table.cuh) and dcoco.select (cuda/select.cu) through their real host
-// launchers under tests/emulate/cuda_emulation.h, on inputs written by tests/test_cuda_emulated.py (inputs.h,
+// launchers under tests/emulate/cuda_emulation.h, on inputs written by tests/ops/test_cuda_emulated.py (inputs.h,
 // plus grid.bin: an (R,B-1,K,K) float grid, and in meta.txt the select rule and lambda). Writes table.bin
 // (V,r) and ranks-<rule>.bin (R,B). Exit 8: a CUDA error or a refused argument.
 #include "cuda_emulation.h"

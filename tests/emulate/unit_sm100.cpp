@@ -8,7 +8,7 @@
 // (a warp reading another warp's lane quarter, reading the accumulators without waiting on the MMAs' mbarrier, a
 // wrong mbarrier phase, no mbarrier.init, a TMEM double allocation or a free of a range not allocated) must exit 9:
 // each runs as `unit_sm100 <mode>` in a child process.
-// Prints one line per check; exits 0 only if every check comes out as expected. Built by tests/test_emulated_mma.py.
+// Prints one line per check; exits 0 only if every check comes out as expected. Built by tests/ops/test_emulated_mma.py.
 #include "cuda_emulation.h"
 // the emulation header must come first: it defines the CUDA keywords the kernel headers use
 #include "tensor_cores.h"

@@ -3,7 +3,7 @@
 // its instructions emulated by emu_sm80.h, against a float64 product of the same 16-bit planes. Negative checks:
 // shared memory written in a wrong layout (unswizzled; B transposed) must give a wrong product, or the emulation
 // would not be checking the layouts. Prints one line per check; exits 0 only if every check comes out as expected.
-// Built by tests/test_emulated_mma.py (-DDCOCO_EMULATE_MMA).
+// Built by tests/ops/test_emulated_mma.py (-DDCOCO_EMULATE_MMA).
 #include "cuda_emulation.h"
 // the emulation header must come first: it defines the CUDA keywords the kernel headers use
 #include "tensor_cores.h"

@@ -5,7 +5,7 @@
 // give a wrong product, and protocol errors (no fence.proxy.async after the stores, no wgmma.fence, operands off
 // their swizzle pattern) must be reported by the emulation. Prints one line per check; exits 0 only if every check
 // comes out as expected.
-// Built by tests/test_emulated_mma.py (-DDCOCO_EMULATE_MMA).
+// Built by tests/ops/test_emulated_mma.py (-DDCOCO_EMULATE_MMA).
 #include "cuda_emulation.h"
 // the emulation header must come first: it defines the CUDA keywords the kernel headers use
 #include "tensor_cores.h"

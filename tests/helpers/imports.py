@@ -8,9 +8,9 @@ import re
 import tomllib
 from functools import cache
 from importlib import metadata
-from pathlib import Path
 
-ROOT = Path(__file__).parents[1]
+from helpers import ROOT
+
 PKG = ROOT / "python" / "dcoco"
 PYPROJECT = tomllib.loads((ROOT / "pyproject.toml").read_text())
 CATCHES_IMPORT_ERROR = {"ImportError", "ModuleNotFoundError", "Exception", "BaseException"}

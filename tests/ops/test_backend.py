@@ -11,7 +11,8 @@ import torch
 import dcoco
 from dcoco.ops import backend
 
-from conftest import make_case
+from helpers import ROOT
+from helpers.cases import make_case
 
 
 def test_set_get_and_context_manager():
@@ -107,10 +108,9 @@ def test_fused_forced_where_no_kernel_exists_is_refused():
 
 def test_no_arch_is_validated_until_a_gpu_check_is_committed():
     """VALIDATED_CUDA_ARCHS grows only with a passing bench/gpu_check.sh JSON committed for that arch."""
-    from pathlib import Path
     import json
 
-    results = Path(__file__).parents[1] / "bench" / "results" / "gpu"
+    results = ROOT / "bench" / "results" / "gpu"
     passed = set()
     for f in results.glob("*.json") if results.exists() else []:
         data = json.loads(f.read_text())

@@ -7,7 +7,7 @@ import torch
 
 import dcoco
 
-from conftest import assert_walk_matches, backend_score, make_case
+from helpers.cases import assert_walk_matches, backend_score, make_case
 
 pytestmark = [pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device; none on this machine"),
               pytest.mark.usefixtures("each_backend")]

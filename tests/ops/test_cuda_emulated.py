@@ -18,9 +18,10 @@ import torch
 from dcoco.ops import fused
 from dcoco.ops.checks import RULES
 
-from conftest import assert_walk_matches, make_case
+from helpers import ROOT
+from helpers.cases import assert_walk_matches, make_case
 
-ROOT = Path(__file__).parents[1]
+
 
 
 def toolkit_includes() -> list[str]:

@@ -8,7 +8,7 @@ import dcoco
 from dcoco.ops import fused
 from dcoco.testing import reference as ref
 
-from conftest import backend_score, make_case
+from helpers.cases import backend_score, make_case
 
 pytestmark = pytest.mark.usefixtures("each_backend")  # every test on both backends
 

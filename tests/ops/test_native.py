@@ -7,7 +7,6 @@ import json
 import os
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 import torch
@@ -15,7 +14,8 @@ import torch
 import dcoco
 from dcoco.ops import native
 
-from conftest import assert_walk_matches, make_case
+from helpers import ROOT
+from helpers.cases import assert_walk_matches, make_case
 
 
 @pytest.fixture(autouse=True)
@@ -140,7 +140,7 @@ def test_an_out_of_range_id_off_the_cpu_is_never_selected(monkeypatch):
 def test_memory_stays_bounded():
     """score + backward at R=64, d=1024 (a whole pre-activation tensor of 0.22 GiB, plus as much again for
     GELU's output, its gradient, ...): the native path's extra peak stays within a few chunks' worth."""
-    script = Path(__file__).parents[1] / "bench" / "native_memory.py"
+    script = ROOT / "bench" / "native_memory.py"
     # glibc's mmap threshold fixed at 1 MB: freed chunk buffers leave the resident set at once, instead of
     # staying in the heap by chance (which made this peak vary by 100 MB from run to run)
     env = {**os.environ, "MALLOC_MMAP_THRESHOLD_": str(1 << 20)}

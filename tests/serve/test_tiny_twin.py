@@ -26,8 +26,9 @@ from dcoco.modeling import checkpoint  # noqa: E402
 from dcoco.train import datagen  # noqa: E402
 from dcoco.cli import main  # noqa: E402
 from dcoco.testing.vllm_server import VLLMServer  # noqa: E402
+from helpers import ROOT  # noqa: E402
 
-RECIPE = Path(__file__).parents[1] / "recipes" / "tiny-twin.toml"
+RECIPE = ROOT / "recipes" / "tiny-twin.toml"
 WORDS = "rain snow sun code list prime sum tree river cloud poem story".split()
 
 

@@ -113,7 +113,7 @@ def test_vllm_acceptance_equals_offline_spec(setup, served):
     """Train/serve agreement: for the same drafter, prompts and greedy decoding, vLLM's per-position acceptance
     equals the dcoco engine's offline figures (the engine the demo and `dcoco eval` report), up to numerics (vLLM's CPU
     kernels against transformers'; the shipped drafter's bf16 weights run in float32 in both). The offline side
-    is dcoco's simulate, which equals Engine.generate round for round (tests/test_simulate.py) at a fraction of its
+    is dcoco's simulate, which equals Engine.generate round for round (tests/specdec/test_simulate.py) at a fraction of its
     time, over the greedy continuations vLLM served (lossless: the target's own)."""
     from dcoco.specdec.simulate import simulate
     from dcoco.specdec.engine import Engine, summarize

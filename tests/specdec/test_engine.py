@@ -15,28 +15,9 @@ pytest.importorskip("transformers", reason="the engine needs transformers (pip i
 from scipy import stats  # noqa: E402
 
 from dcoco.corrector import Corrector  # noqa: E402
-from dcoco.modeling.dflash import DFlashConfig, DFlashDrafter  # noqa: E402
+from dcoco.modeling.dflash import DFlashDrafter  # noqa: E402
 from dcoco.specdec.engine import KS, Engine, probs, summarize, target_only  # noqa: E402
-
-BS = 6  # block size: 5 drafted slots, so max_new_tokens 7 and 23 are not multiples of it
-PROMPTS = ([3, 17, 5, 9], [40, 2, 2, 11, 60, 7, 1, 33])
-
-
-def llama(vocab: int, seed: int):
-    from transformers import LlamaConfig, LlamaForCausalLM
-
-    torch.manual_seed(seed)
-    cfg = LlamaConfig(vocab_size=vocab, hidden_size=64, intermediate_size=128, num_hidden_layers=4,
-                      num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256, eos_token_id=None,
-                      bos_token_id=None, pad_token_id=None, tie_word_embeddings=True, initializer_range=0.4)
-    return LlamaForCausalLM(cfg).eval()
-
-
-def dflash_cfg(vocab: int) -> DFlashConfig:
-    return DFlashConfig(hidden_size=64, intermediate_size=128, num_hidden_layers=1, num_attention_heads=4,
-                        num_key_value_heads=2, vocab_size=vocab, mask_token_id=0, target_layer_ids=[0, 2],
-                        num_target_layers=4, block_size=BS)
-
+from helpers.tiny_models import BS, PROMPTS, corrector, dflash_cfg, llama  # noqa: E402
 
 class Scripted(DFlashDrafter):
     """Drafts script(anchor, context_len) -> B ids: the hidden states are chosen so that the target's LM head
@@ -54,13 +35,6 @@ class Scripted(DFlashDrafter):
         logits[torch.arange(BS - 1), want] = 3.0
         h = logits @ self.pinv.T
         return torch.cat([torch.zeros(1, h.shape[1]), h])[None]
-
-
-def corrector(seed: int = 0) -> Corrector:
-    torch.manual_seed(seed)
-    c = Corrector(64, num_candidates=8, width=16, mlp_hidden=32)
-    torch.nn.init.normal_(c.mlp[2].weight, std=4.0)  # non-zero: it does re-pick candidates
-    return c.eval()
 
 
 @pytest.fixture(scope="module")

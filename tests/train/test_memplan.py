@@ -4,7 +4,6 @@ Objective.forward; and the Qwen3-8B recipe's plan (z-lab's drafter, 8 ranks of 8
 
 import json
 import re
-from pathlib import Path
 
 import pytest
 import torch
@@ -16,8 +15,9 @@ from dcoco.testing import tiny
 from dcoco.corrector import Corrector
 from dcoco.modeling.dflash import DFlashConfig, DFlashDrafter
 from dcoco.train.training import Objective, TrainConfig
+from helpers import ROOT
 
-CONFIGS = Path(__file__).resolve().parent.parent / "recipes" / "configs"
+CONFIGS = ROOT / "recipes" / "configs"
 GIB = 2 ** 30
 
 
@@ -246,7 +246,7 @@ def test_cli_dry_run_of_the_qwen3_recipe(capsys, tmp_path):
     """What the README shows: the recipe's two stages planned offline from configs alone, both fitting."""
     from dcoco import cli
 
-    root = Path(__file__).parents[1] / "recipes"
+    root = ROOT / "recipes"
     assert cli.main(["train", "--config", str(root / "qwen3-8b-zlab.toml"), "--dry-run", "--world-size", "8",
                      "--gpu-memory", "80", "--target", str(root / "configs" / "Qwen3-8B"), "--init",
                      str(root / "configs" / "Qwen3-8B-DFlash-b16"), "--plan-json", str(tmp_path / "plan.json")]) == 0

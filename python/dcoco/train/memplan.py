@@ -15,7 +15,7 @@ fused kernel (cuDNN, or memory-efficient attention where it supports GQA) as a b
 would add (N,heads,A*bs,S+A*bs) per layer. The total is an upper bound in two ways: the capture transient never
 coexists with the drafter's activations, and with grad_accum 1 no gradient exists yet when backward starts.
 The activation rows equal what one forward keeps for backward on a CPU, in float32 and under bf16 autocast
-(tests/test_memplan.py measures both); not measured: CUDA's SDPA kernel (assumed to save what the CPU's does), the
+(tests/train/test_memplan.py measures both); not measured: CUDA's SDPA kernel (assumed to save what the CPU's does), the
 native corrector's chunks and the transients (the largest: an LM-head chunk's logits).
 """
 
@@ -36,7 +36,7 @@ GIB = 2 ** 30
 F32 = 4
 CUDA_SLACK = int(1.5 * GIB)  # CUDA context, cuBLAS workspaces, allocator rounding: an assumption, not measured
 TARGET_TYPES = ("llama", "mistral", "qwen2", "qwen3")  # dense decoders whose parameters _target_params counts
-# the rows that tests/test_memplan.py compares with what autograd saves in one Objective.forward
+# the rows that tests/train/test_memplan.py compares with what autograd saves in one Objective.forward
 ACTIVATION_ROWS = ("context features (batch)", "drafter activations", "LM head: saved for backward",
                    "corrector + L_corr: saved")
 
