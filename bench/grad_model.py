@@ -1,4 +1,4 @@
-"""Issue 17, item 5: the CUDA backward of dcoco.score (cuda/score_grad.cuh) on an H200, by a traffic and FLOP model
+"""The CUDA backward of dcoco.score (cuda/score_grad.cuh) on an H200, by a traffic and FLOP model
 (no GPU has run either design: every constant below is stated and the result is a roofline, not a measurement).
 
 Three designs at one training shape (R anchors x B slots x K candidates, fp32 weights, bf16 hidden and embed):

@@ -1,4 +1,4 @@
-"""Levers for a stronger DFlash drafter per CPU-minute (issue 16, item 2), measured side by side in one run on the
+"""Levers for a stronger DFlash drafter per CPU-minute, measured side by side in one run on the
 demo's default setting (SmolLM2-135M target, the default demo corpus: the first 400 shipped sequences).
 
 Every lever trains one drafter from the same seed (DFlash loss only, 2 sequences x 32 anchors per step) for the

@@ -1,4 +1,4 @@
-"""Issue 17, item 6: the corrector's walk on an H200, two designs compared by a latency model (no GPU has run
+"""The corrector's walk on an H200, two designs compared by a latency model (no GPU has run
 either yet, so every constant below is stated and the result is a range, not a measurement).
 
 (a) the serial row walk (today, cuda/stage_walk.cuh): one CTA of 256 threads per request scores only the chosen
