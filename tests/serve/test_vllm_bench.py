@@ -25,34 +25,11 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 pytest.importorskip("vllm", reason="vLLM is not installed (bash scripts/setup_vllm.sh)")
 pytest.importorskip("httpx", reason="dcoco bench needs httpx")
 
-from test_vllm import N, V, _drafter, _target  # noqa: E402  (the tiny target and drafter)
+from helpers.tiny_vllm import N, SUITES, make_drafter, make_target, make_tokenizer  # noqa: E402
 
 from dcoco.serve import serve_bench as sb  # noqa: E402
 from dcoco.cli import main  # noqa: E402
 from dcoco.testing.vllm_server import VLLMServer  # noqa: E402
-
-CHATML = ("{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
-          "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
-SUITES = {"gsm8k": [["Tom has 3 apples and buys 5 more. How many apples does he have?"],
-                    ["A train travels 60 km in 1.5 hours. What is its average speed?"],
-                    ["What is 17 times 23?"]],
-          "humaneval": [["def add(a, b):\n    \"\"\"Return the sum of a and b.\"\"\"\n"],
-                        ["def is_even(n):\n    \"\"\"True when n is even.\"\"\"\n"]],
-          "mt-bench": [["Write a haiku about rain.", "Now rewrite it about snow."],
-                       ["Name three primes.", "Which of them is the largest?"]]}
-
-
-def _tokenizer(path: Path) -> None:
-    """Bytes as ids 0-255, ChatML markers, placeholders up to V: what vLLM needs to serve chat completions."""
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
-    from transformers import PreTrainedTokenizerFast
-
-    tok = Tokenizer(models.BPE(vocab={c: i for i, c in enumerate(pre_tokenizers.ByteLevel.alphabet())}, merges=[]))
-    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    tok.decoder = decoders.ByteLevel()
-    tok.add_special_tokens(["<|im_start|>", "<|im_end|>", *(f"<|x{i}|>" for i in range(V - 258))])
-    PreTrainedTokenizerFast(tokenizer_object=tok, eos_token="<|im_end|>", chat_template=CHATML).save_pretrained(path)
-
 
 class Server(VLLMServer):
     """The tiny target served as "tiny", with a drafter (or none); start() again after a kill: the same port."""
@@ -69,9 +46,9 @@ class Server(VLLMServer):
 @pytest.fixture(scope="module")
 def root(tmp_path_factory):
     root = tmp_path_factory.mktemp("vllm_bench")
-    _target(root / "target")
-    _tokenizer(root / "target")
-    _drafter(root / "dcoco")
+    make_target(root / "target")
+    make_tokenizer(root / "target")
+    make_drafter(root / "dcoco")
     suites = root / "suites"
     suites.mkdir()
     for name, rows in SUITES.items():

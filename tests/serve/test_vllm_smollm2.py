@@ -28,7 +28,7 @@ from dcoco.target import smollm2  # noqa: E402
 from dcoco.specdec.evaluate import encode  # noqa: E402
 from dcoco.suites import load_suites  # noqa: E402
 from dcoco.testing.vllm_server import VLLMServer  # noqa: E402
-from test_vllm import _spec_counters  # noqa: E402
+from helpers.tiny_vllm import spec_counters  # noqa: E402
 
 
 SHIPPED = Path(__file__).parent / "data" / "smollm2-dcoco"  # a default-size demo drafter (its README)
@@ -76,7 +76,7 @@ def _run(s, drafter: Path, **spec):
                        "method": "dflash", "model": str(drafter), "num_speculative_tokens": s["n"], **spec})
     outs = llm.generate([TokensPrompt(prompt_token_ids=p) for p in s["prompts"]],
                         SamplingParams(temperature=0.0, max_tokens=64), use_tqdm=False)
-    c = _spec_counters(llm)
+    c = spec_counters(llm)
     del llm
     gc.collect()
     return [list(o.outputs[0].token_ids) for o in outs], c

@@ -4,7 +4,6 @@ is a vocab-parallel shard per rank; the plugin gathers the whole table once at l
 corrector's vocabulary table from it and frees it (vllm_model.py)."""
 
 import os
-import sys
 
 import pytest
 
@@ -12,22 +11,22 @@ os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
 os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ["VLLM_CPU_OMP_THREADS_BIND"] = "0|1"  # one core per rank (vLLM reads it once per process)
-os.environ["PYTHONPATH"] = os.pathsep.join([os.path.dirname(__file__), os.environ.get("PYTHONPATH", "")])  # probes
+# the spawned workers import the probes as helpers.vllm_probes
+os.environ["PYTHONPATH"] = os.pathsep.join([os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
+                                            os.environ.get("PYTHONPATH", "")])
 vllm = pytest.importorskip("vllm", reason="vLLM is not installed (bash scripts/setup_vllm.sh)")
 
 import torch  # noqa: E402
 
-HERE = os.path.dirname(__file__)
-sys.path.insert(0, HERE)
-import vllm_probes as probes  # noqa: E402
-from test_vllm import N, V, _close, _drafter, _generate, _spec_counters, _target  # noqa: E402
+from helpers import vllm_probes as probes  # noqa: E402
+from helpers.tiny_vllm import N, V, close, generate, make_drafter, make_target, spec_counters  # noqa: E402
 
 
 @pytest.fixture(scope="module")
 def models(tmp_path_factory):
     root = tmp_path_factory.mktemp("vllm_tp")
-    _target(root / "target")
-    _drafter(root / "dcoco")
+    make_target(root / "target")
+    make_drafter(root / "dcoco")
     return root
 
 
@@ -41,15 +40,15 @@ def _serve(root, tp: int, **spec) -> dict:
     try:
         states = llm.collective_rpc(probes.state)
         llm.collective_rpc(probes.record)
-        tokens = _generate(llm)
+        tokens = generate(llm)
         logs = llm.collective_rpc(probes.recorded)
         memory = llm.collective_rpc(probes.memory)
         gathered = llm.collective_rpc(probes.gather_check, args=(37,)) if tp > 1 else None
-        return {"states": states, "tokens": tokens, "counters": _spec_counters(llm), "memory": memory,
+        return {"states": states, "tokens": tokens, "counters": spec_counters(llm), "memory": memory,
                 "gathered_in_chunks": gathered,
                 "drafts": [[t for *_, t, _ in log["drafts"]] for log in logs], "entries": [log["entries"] for log in logs]}
     finally:
-        _close(llm)
+        close(llm)
 
 
 @pytest.fixture(scope="module")

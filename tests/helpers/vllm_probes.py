@@ -1,5 +1,5 @@
 """Probes that tests run inside vLLM's workers with `llm.collective_rpc(probe)`: in-process, or in spawned
-tensor-parallel workers (which import this module by name: the tests put tests/ on PYTHONPATH)."""
+tensor-parallel workers (which import it as helpers.vllm_probes: the tests put tests/ on PYTHONPATH)."""
 
 import torch
 
