@@ -61,7 +61,8 @@ EVAL_ROWS_RESERVED = 32  # the demo evaluates rows below this index of each suit
 TRAIN_ROWS = {"gsm8k": 250, "math500": 150, "mbpp": 120, "humaneval": 80, "arena-hard-v2": 120, "mt-bench": 40,
               "livecodebench": 1000}
 CORPUS_FILE = "smollm2-corpus.npz"
-LAYERS, BLOCK = 3, 8  # 3 layers cost little next to the 49k-row LM head; 99% of rounds commit <= 4 tokens
+# the drafter's depth and block size; bench/README.md (drafter levers) measures other depths and blocks
+LAYERS, BLOCK = 3, 8
 # the frozen-drafter correctors (DCOCO's and DFlash2's selector): blocks cached per sequence, blocks per step, the
 # selector's codebook rank
 FROZEN_ANCHORS, FROZEN_BATCH, SELECTOR_RANK = 64, 256, 32
@@ -69,10 +70,10 @@ FROZEN_ANCHORS, FROZEN_BATCH, SELECTOR_RANK = 64, 256, 32
 # the first stages' like the Qwen3-8B recipe's; bench/joint_study.py compares the choices
 JOINT_CORR_GRAD, JOINT_LR = 1.0, 3e-4
 HEADLINE = "joint"  # the DCOCO the headline reports: "joint" (co-adapted) or "frozen" (frozen-drafter corrector)
-# the first DFlash stage's loss: over the corpus's 4,096 most frequent response tokens plus each batch's labels,
-# half the CPU time of a step over all 49,152 rows; at one CPU budget that drafter reaches 1.077x the tau of the
-# full-vocabulary one (bench/levers.py), and the stage takes twice the steps for the same time. The later stages
-# (the DFlash baseline's and DCOCO's joint steps) keep the whole head, so both see the same loss.
+# the first DFlash stage's loss: over the corpus's 4,096 most frequent response tokens plus each batch's labels, a
+# cheaper step than one over all 49,152 rows, so the stage takes more steps in the same CPU time and its drafter
+# ends stronger (bench/levers.py; the figures are in bench/README.md, drafter levers). The later stages (the DFlash
+# baseline's and DCOCO's joint steps) keep the whole head, so both see the same loss.
 LOSS_VOCAB = 4096
 
 
