@@ -10,9 +10,9 @@ from .exits import exits
 def arguments(p: argparse.ArgumentParser) -> None:
     size = p.add_mutually_exclusive_group()
     size.add_argument("--full", dest="size", action="store_const", const="full",
-                      help="the recorded result: longer training, all 8 suites (about 75 min on 2 CPU cores)")
+                      help="the recorded result: longer training, all 8 suites (its run time: bench/README.md)")
     size.add_argument("--smoke", dest="size", action="store_const", const="smoke",
-                      help="a few steps of everything (about 2 min; what CI runs)")
+                      help="a few steps of everything (what CI runs)")
     p.set_defaults(size="default")
     p.add_argument("--device", default="cpu", help="cpu or cuda (%(default)s)")
     p.add_argument("--suites", help="folder of the evaluation suites (default: the 8 shipped in dcoco/data/suites)")
