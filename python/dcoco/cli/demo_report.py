@@ -21,8 +21,8 @@ def headline(ev: dict, sim: dict, rules: tuple[str, ...], dcoco: str, joint_corr
     method on the same prompts; ratios with paired 95% bootstrap CIs, over DFlash and, in sim["ratios"], over the
     frozen-drafter corrector and the equal-budget DFlash); tokens/s and the losslessness check from real decoding
     (ev). tau_dcoco is the DCOCO named by dcoco (greedy rule): "joint", the joint stage's (co-adapted, trained at
-    joint_corr_grad and joint_lr), or "frozen", the frozen-drafter corrector; both are reported. The oracles are the DFlash run's; coverage is teacher-forced at
-    every anchor (coverage_seen: samples)."""
+    joint_corr_grad and joint_lr), or "frozen", the frozen-drafter corrector; both are reported. The oracles are
+    the DFlash run's; coverage is teacher-forced at every anchor (coverage_seen: samples)."""
     m, real, vs = sim["methods"], ev["methods"], sim["ratios"]
     joint_name = f"DCOCO joint {rules[0]}"
     dfl, joint = m["DFlash"]["overall"], m[joint_name]["overall"]
