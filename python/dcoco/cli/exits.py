@@ -5,11 +5,14 @@ from __future__ import annotations
 import contextlib
 from collections.abc import Iterator
 
+from ..errors import ExternalError
+
 
 @contextlib.contextmanager
 def exits(command: str) -> Iterator[None]:
-    """Inside: a ValueError (bad input found after argument parsing) becomes SystemExit("<command>: <message>")."""
+    """Inside: a ValueError (bad input found after argument parsing) or an ExternalError (a server, hub or package
+    that cannot be used) becomes SystemExit("<command>: <message>")."""
     try:
         yield
-    except ValueError as e:
+    except (ValueError, ExternalError) as e:
         raise SystemExit(f"{command}: {e}") from None

@@ -19,6 +19,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from ..chat import chat
+from ..errors import ExternalError
 from ..jsonl import append_record, read_records
 from ..suites import ALL, SUITES, load, order, read, subset
 from . import serve_bench_report as report
@@ -63,16 +64,16 @@ def hub(names: Sequence[str], dest: Path) -> None:
     try:
         import datasets
     except ImportError:
-        raise SystemExit(f"dcoco bench: --hub needs the `datasets` package (pip install datasets) and a network; "
-                         f"{offline}") from None
+        raise ExternalError(
+            f"--hub needs the `datasets` package (pip install datasets) and a network; {offline}") from None
     dest.mkdir(parents=True, exist_ok=True)
     for name in names:
         repo, config, split = HUB[name]
         try:
             ds = datasets.load_dataset(repo, config, split=split)
         except Exception as e:  # noqa: BLE001 (datasets raises many kinds: network, auth, format)
-            raise SystemExit(f"dcoco bench: --hub could not fetch {name} ({repo}): {type(e).__name__}: {e}; "
-                             f"{offline}") from None
+            raise ExternalError(
+                f"--hub could not fetch {name} ({repo}): {type(e).__name__}: {e}; {offline}") from None
         if name == "alpaca":  # instruction, optional input
             rows = [{"turns": [r["instruction"] + (f"\n\n{r['input']}" if r.get("input") else "")]} for r in ds]
         else:
@@ -204,17 +205,17 @@ async def _check(client, base: str, model: str, body: dict) -> None:
     try:
         r = await client.get(f"{base}/v1/models", timeout=min(30.0, client.timeout.read))  # the user's --timeout
     except httpx.HTTPError as e:
-        raise SystemExit(f"dcoco bench: cannot reach --endpoint {base} ({type(e).__name__}: {e}); is the server "
-                         f"running?") from None
+        raise ExternalError(
+            f"cannot reach --endpoint {base} ({type(e).__name__}: {e}); is the server running?") from None
     try:
         served = [m["id"] for m in r.json()["data"]]
     except (ValueError, KeyError, TypeError):
         served = None  # not every server lists its models
     if served is not None and model not in served:
-        raise SystemExit(f"dcoco bench: --model {model!r} is not served at {base}; it serves {served}")
+        raise ExternalError(f"--model {model!r} is not served at {base}; it serves {served}")
     rec = await converse(client, base, {**body, "max_tokens": 8}, [WARMUP])
     if rec["status"] != "ok":
-        raise SystemExit(f"dcoco bench: the first request to {base} failed: {rec['error']}")
+        raise ExternalError(f"the first request to {base} failed: {rec['error']}")
 
 
 def pending(config: dict, records: Sequence[dict], batches: Sequence[dict], spec: bool) -> list[tuple]:
@@ -332,7 +333,7 @@ def run(endpoint: str, model: str, out: str | Path, suites: Sequence[str | Path]
         concurrency: Sequence[int] = (1,), timeout: float = 600.0, thinking: bool = False,
         progress: bool = True) -> tuple[dict, int]:
     """Everything `dcoco bench` does; returns (run.json's content, failed requests). ValueError names a bad
-    argument; SystemExit when the server cannot be used at all. Resumes the run in out: requests that ended ok
+    argument; ExternalError when the server cannot be used at all. Resumes the run in out: requests that ended ok
     are kept, failed ones are sent again."""
     if max_tokens < 1:
         raise ValueError(f"--max-tokens: expected an integer >= 1, got {max_tokens}")
