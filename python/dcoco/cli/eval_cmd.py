@@ -42,9 +42,10 @@ def run(args: argparse.Namespace) -> int:
                          "{\"turns\": [...]} lines) and pass them with --suites")
     with exits("dcoco eval"):
         rows = parse_rows(None if args.rows == "paper" else args.rows)
-        res = evaluate.run(args.drafter, args.target, args.suites, rows, args.max_new_tokens,
-                           args.temperature, args.top_p, args.top_k, corrector=not args.no_corrector,
-                           rule=args.rule, lam=args.lam, num_candidates=args.candidates, seed=args.seed,
-                           device=args.device, out=args.out, progress=not args.no_progress,
-                           thinking=args.thinking)
+        cfg = evaluate.EvalConfig(
+            drafter=args.drafter, target=args.target, suites=args.suites, rows=rows,
+            max_new_tokens=args.max_new_tokens, temperature=args.temperature, top_p=args.top_p, top_k=args.top_k,
+            corrector=not args.no_corrector, rule=args.rule, lam=args.lam, num_candidates=args.candidates,
+            seed=args.seed, device=args.device, out=args.out, thinking=args.thinking)
+        res = evaluate.run(cfg, progress=not args.no_progress)
     return 0 if res["lossless"] is not False else 1
