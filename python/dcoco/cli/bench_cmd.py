@@ -49,9 +49,11 @@ def run(args: argparse.Namespace) -> int:
         missing = [f"--{k}" for k in ("endpoint", "model", "out") if getattr(args, k) is None]
         if missing:
             raise ValueError(f"the following arguments are required: {', '.join(missing)}")
-        _, failed = serve_bench.run(
-            args.endpoint, args.model, args.out, args.suites, args.only.split(",") if args.only else None, args.hub,
-            parse_rows(args.rows), args.max_tokens, serve_bench.parse_seeds(args.seeds),
-            args.temperature, serve_bench.parse_concurrency(args.concurrency), args.timeout, args.thinking,
-            progress=not args.no_progress)
+        cfg = serve_bench.BenchConfig(
+            endpoint=args.endpoint, model=args.model, out=args.out, suites=args.suites,
+            only=args.only.split(",") if args.only else None, use_hub=args.hub, rows=parse_rows(args.rows),
+            max_tokens=args.max_tokens, seeds=serve_bench.parse_seeds(args.seeds), temperature=args.temperature,
+            concurrency=serve_bench.parse_concurrency(args.concurrency), timeout=args.timeout,
+            thinking=args.thinking)
+        _, failed = serve_bench.run(cfg, progress=not args.no_progress)
     return 1 if failed else 0
