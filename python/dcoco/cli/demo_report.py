@@ -3,10 +3,10 @@ plots, keyed on the method names below (demo.methods builds the methods under th
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 from .. import plots as figures  # demo_report.plots draws the demo's figures
+from ..jsonl import read_records
 from ..specdec.evaluate import coverage_plot
 
 
@@ -164,7 +164,7 @@ def plots(res: dict, work: Path, out: Path, prefix: str) -> list[Path]:
                                   ("dcoco-drafter", "tau_dcoco", "DCOCO joint drafter + corrector", warm)):
         log = work / stage / "log.jsonl"
         if log.is_file():
-            recs = [r for r in (json.loads(ln) for ln in log.read_text().split("\n") if ln.strip()) if key in r]
+            recs = [r for r in read_records(log) if key in r]
             n = max(1, len(recs) // 25)
             xs = [x0 + recs[i]["step"] for i in range(0, len(recs) - n + 1, n)]
             ys = [sum(r[key] for r in recs[i:i + n]) / n for i in range(0, len(recs) - n + 1, n)]

@@ -21,7 +21,8 @@ from pathlib import Path
 
 from ..chat import chat
 from ..errors import ExternalError
-from ..jsonl import append_record, read_records
+from ..files import write_text_atomic
+from ..jsonl import append_record, read_records, write_records
 from ..suites import ALL, SUITES, load, order, read, subset
 from . import serve_bench_report as report
 
@@ -79,7 +80,7 @@ def hub(names: Sequence[str], dest: Path) -> None:
             rows = [{"turns": [r["instruction"] + (f"\n\n{r['input']}" if r.get("input") else "")]} for r in ds]
         else:
             rows = [{"turns": list(r["turns"]), "category": r["category"]} for r in ds]
-        (dest / f"{name}.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows), encoding="utf-8")
+        write_records(dest / f"{name}.jsonl", rows)
 
 
 def counters(text: str) -> dict | None:
@@ -192,12 +193,6 @@ def summarize(config: dict, records: Sequence[dict], batches: Sequence[dict]) ->
     return {"spec": spec, "cells": cells, "rows": rows}
 
 
-def _write_json(path: Path, obj) -> None:
-    tmp = path.with_suffix(".tmp")
-    tmp.write_text(json.dumps(obj, indent=2))
-    tmp.replace(path)  # a kill never leaves half a file
-
-
 async def _check(client, base: str, model: str, body: dict) -> None:
     """Fail at once, clearly, when the server is unreachable, does not serve the model or rejects a plain request
     (WARMUP, 8 tokens, which also pays the server's one-off costs before the timed batches)."""
@@ -300,7 +295,7 @@ def _body(config: dict, seed: int | None) -> dict:
 
 def _save(out: Path, config: dict, records: Sequence[dict], batches: Sequence[dict]) -> dict:
     res = {"config": config, "summary": summarize(config, records, batches)}
-    _write_json(out / "run.json", res)
+    write_text_atomic(out / "run.json", json.dumps(res, indent=2))  # a kill never leaves half a file
     return res
 
 

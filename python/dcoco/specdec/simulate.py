@@ -22,6 +22,7 @@ from pathlib import Path
 
 import torch
 
+from ..files import write_text_atomic
 from ..modeling.dflash import DFlashDrafter
 from .engine import KS, Engine, Result
 
@@ -158,9 +159,7 @@ def references(target, suites: Mapping[str, Sequence[list[int]]], max_new_tokens
         out[name], k = refs[k:k + len(prompts)], k + len(prompts)
     if path is not None:
         path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_suffix(".tmp")
-        tmp.write_text(json.dumps(out))
-        tmp.replace(path)
+        write_text_atomic(path, json.dumps(out))
     return out
 
 
