@@ -1,6 +1,6 @@
 """Each `dcoco` command's extra installs what the command imports.
 
-A command's code is its branch of cli.main (with what main runs before the branches, parser() among it). From
+A command's code is its module's run() (cli/__init__.py's COMMANDS), with what importing dcoco.cli runs. From
 there the walk follows what the code uses: the dcoco modules it imports (their top level runs), and the dcoco
 functions and classes it names, whose bodies may run, imports inside them included; on, transitively. Every
 third-party module met must come from a distribution in [project].dependencies or in the command's extra. The
@@ -195,38 +195,18 @@ def imports_of(nodes: list[ast.AST], package: str) -> list[tuple[str, bool]]:
 
 
 @cache
-def cli_commands() -> dict[str, list[ast.stmt]]:
-    """{command: the code of cli.main that runs it}, from cli/__init__.py: parser()'s subcommands and main()'s (its
-    _run's) `if args.cmd ==` branches (the command none of them names runs after the last one), each with what main runs
-    before them."""
+def cli_commands() -> dict[str, str]:
+    """{command: the module whose run() runs it}, from cli/__init__.py's COMMANDS ({name: (module, help)})."""
     tree = ast.parse((PKG / "cli" / "__init__.py").read_text())
-    funcs = {f.name: f for f in tree.body if isinstance(f, ast.FunctionDef)}
-    commands = [c.args[0].value for c in ast.walk(funcs["parser"]) if isinstance(c, ast.Call)
-                and isinstance(c.func, ast.Attribute) and c.func.attr == "add_parser"
-                and isinstance(c.func.value, ast.Name) and c.func.value.id == "sub"]
-    branches: dict[str, list[ast.stmt]] = {}
-    before: list[ast.stmt] = []
-    after: list[ast.stmt] = []
-    # main parses, then runs _run (its branches) inside the handler that turns errors into one line
-    calls_run = lambda st: any(isinstance(n, ast.Name) and n.id == "_run" for n in ast.walk(st))  # noqa: E731
-    for stmt in [st for st in funcs["main"].body if not calls_run(st)] + funcs["_run"].body:
-        test = stmt.test if isinstance(stmt, ast.If) else None
-        if (isinstance(test, ast.Compare) and isinstance(test.left, ast.Attribute) and test.left.attr == "cmd"
-                and isinstance(test.comparators[0], ast.Constant)):
-            branches[test.comparators[0].value] = stmt.body
-            after = []
-        else:
-            (after if branches else before).append(stmt)
-    rest = [c for c in commands if c not in branches]
-    assert len(rest) == 1, f"cli.main: expected one command after its `if args.cmd ==` branches, got {rest}"
-    branches[rest[0]] = after
-    assert set(branches) == set(commands), (set(branches), commands)
-    return {c: before + body for c, body in branches.items()}
+    table = next(st.value for st in tree.body if isinstance(st, ast.Assign)
+                 and any(isinstance(t, ast.Name) and t.id == "COMMANDS" for t in st.targets))
+    return {k.value: f"dcoco.cli.{v.elts[0].id}" for k, v in zip(table.keys, table.values)}
 
 
 @cache
 def command_imports(command: str) -> dict[str, str]:
-    return third_party(["dcoco.cli"], ("dcoco.cli", cli_commands()[command]))
+    mod = cli_commands()[command]
+    return third_party(["dcoco.cli"], (mod, module(mod).code("run")))
 
 
 def entry_points() -> dict[str, list[str]]:

@@ -3,12 +3,13 @@ subsetted as `dcoco bench` and `dcoco eval` draw them: the paper's catalogue and
 
 from __future__ import annotations
 
-import json
 import os
 import random
 from collections.abc import Sequence
 from importlib import resources
 from pathlib import Path
+
+from .jsonl import BadLine, read_lines
 
 # the paper's ten suites in its table order: file stem -> (domain, name shown)
 SUITES = {"math500": ("Math", "MATH-500"), "aime25": ("Math", "AIME-25"), "gsm8k": ("Math", "GSM8K"),
@@ -80,18 +81,18 @@ def order(names) -> list[str]:
 
 def read(path: Path, arg: str = "--suites") -> list[dict]:
     """Every row {"turns": [...], "category"?} of a suite file; ValueError, prefixed with arg, names a bad line."""
+    expected = "expected {\"turns\": [...]}"
     rows = []
-    for i, line in enumerate(path.read_text(encoding="utf-8").split("\n")):
-        if not line.strip():
-            continue
-        try:
-            row = json.loads(line)
+    try:
+        for n, row in read_lines(path.read_text(encoding="utf-8")):
+            if not isinstance(row, dict) or "turns" not in row:
+                raise ValueError(f"{arg}: {path} line {n}: {expected}")
             turns = row["turns"]
-        except (json.JSONDecodeError, KeyError, TypeError):
-            raise ValueError(f"{arg}: {path} line {i + 1}: expected {{\"turns\": [...]}}") from None
-        if not (isinstance(turns, list) and turns and all(isinstance(t, str) for t in turns)):
-            raise ValueError(f"{arg}: {path} line {i + 1}: turns must be a non-empty list of strings")
-        rows.append({"turns": turns, **({"category": row["category"]} if "category" in row else {})})
+            if not (isinstance(turns, list) and turns and all(isinstance(t, str) for t in turns)):
+                raise ValueError(f"{arg}: {path} line {n}: turns must be a non-empty list of strings")
+            rows.append({"turns": turns, **({"category": row["category"]} if "category" in row else {})})
+    except BadLine as e:
+        raise ValueError(f"{arg}: {path} line {e.line}: {expected}") from None
     if not rows:
         raise ValueError(f"{arg}: {path} has no rows")
     return rows

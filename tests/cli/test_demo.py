@@ -1,5 +1,5 @@
 """`dcoco demo --smoke` end to end on the embedded SmolLM2-135M target: every stage of the real demo with a few
-steps (offline; about 2 min on 2 cores), then a second run that only evaluates."""
+steps (offline), then a second run that only evaluates."""
 
 import json
 

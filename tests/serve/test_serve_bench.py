@@ -22,8 +22,8 @@ pytest.importorskip("httpx", reason="dcoco bench needs httpx (pip install httpx)
 pytest.importorskip("matplotlib", reason="dcoco bench plots with matplotlib")
 
 from dcoco.serve import serve_bench as sb  # noqa: E402
-from dcoco.serve import serve_bench_report as report  # noqa: E402
 from dcoco.cli import main  # noqa: E402
+from dcoco.errors import ExternalError  # noqa: E402
 from dcoco.suites import ALL, default_suites, load, subset  # noqa: E402
 
 
@@ -389,15 +389,15 @@ def test_suites_left_out_and_hub_offline(tmp_path, monkeypatch):
     assert "suites not found, left out: math500, aime25" in notes[0] and "alpaca, speed-bench" in notes[0]
     assert "--hub" in notes[0]
     monkeypatch.setitem(sys.modules, "datasets", None)  # not installed
-    with pytest.raises(SystemExit, match=r"--hub needs the `datasets` package .* offline, save them as JSONL files "
-                                         r"named alpaca.jsonl, speed-bench.jsonl"):
+    with pytest.raises(ExternalError, match=r"--hub needs the `datasets` package .* offline, save them as JSONL files "
+                                            r"named alpaca.jsonl, speed-bench.jsonl"):
         sb.select([suites], None, True, tmp_path / "o")
 
     def offline(*a, **k):
         raise ConnectionError("no network")
     monkeypatch.setitem(sys.modules, "datasets", types.SimpleNamespace(load_dataset=offline))
-    with pytest.raises(SystemExit, match=r"--hub could not fetch alpaca \(tatsu-lab/alpaca\): ConnectionError: no "
-                                         r"network; offline, save them .* --suites"):
+    with pytest.raises(ExternalError, match=r"--hub could not fetch alpaca \(tatsu-lab/alpaca\): ConnectionError: no "
+                                            r"network; offline, save them .* --suites"):
         sb.select([suites], ["gsm8k", "alpaca"], True, tmp_path / "o")
     fake = {"tatsu-lab/alpaca": [{"instruction": "Name a fruit.", "input": ""},
                                  {"instruction": "Sum these.", "input": "2, 3"}],

@@ -21,7 +21,7 @@ CPU or GPU.
 
 Every stage is cached under $DCOCO_CACHE (~/.cache/dcoco): the corpus under corpus/, the trained checkpoints
 (serving layout) under demo/ (demo-full/, demo-smoke/ for the other sizes); an interrupted run resumes and a
-second run only evaluates."""
+second run only evaluates. The JSON's headline keys, the printed table and the plots: demo_report."""
 
 from __future__ import annotations
 
@@ -42,17 +42,18 @@ from ..modeling import checkpoint
 from ..target import corpus, smollm2
 from ..train import frozen
 from ..specdec import simulate
-from .. import plots as figures  # demo.plots draws the demo's figures
 from ..corrector import Corrector
 from ..modeling.selector import CandidateSelector
 from ..modeling.dflash import DFlashDrafter
 from ..suites import default_suites, load_suites
 from ..target.load import SMOLLM2, load_target
 from ..train.recipe import SMOLLM2_TAPS, cache_dir, drafter_config
-from ..specdec.evaluate import coverage_plot, decode_all, encode
+from ..specdec.evaluate import decode_all, encode
 from ..specdec.engine import Engine, summarize
 from ..specdec.stats import tau_table
 from ..train.training import TrainConfig, train
+from . import demo_report as report
+from .demo_report import CONTINUED, DFLASH2, FROZEN, ONLINE
 
 EVAL_ROWS_RESERVED = 32  # the demo evaluates rows below this index of each suite; training never sees them
 # training rows per suite of the shipped suites (data/suites; index >= EVAL_ROWS_RESERVED, shuffled with seed 0); aime25
@@ -60,19 +61,19 @@ EVAL_ROWS_RESERVED = 32  # the demo evaluates rows below this index of each suit
 TRAIN_ROWS = {"gsm8k": 250, "math500": 150, "mbpp": 120, "humaneval": 80, "arena-hard-v2": 120, "mt-bench": 40,
               "livecodebench": 1000}
 CORPUS_FILE = "smollm2-corpus.npz"
-LAYERS, BLOCK = 3, 8  # 3 layers cost little next to the 49k-row LM head; 99% of rounds commit <= 4 tokens
+# the drafter's depth and block size; bench/README.md (drafter levers) measures other depths and blocks
+LAYERS, BLOCK = 3, 8
 # the frozen-drafter correctors (DCOCO's and DFlash2's selector): blocks cached per sequence, blocks per step, the
 # selector's codebook rank
 FROZEN_ANCHORS, FROZEN_BATCH, SELECTOR_RANK = 64, 256, 32
-DFLASH2 = "DFlash + DFlash2 selector (frozen drafter)"
 # the joint stage (step 4): L_corr's gradient weight into the drafter (1: the paper's sum) and its peak lr, half
 # the first stages' like the Qwen3-8B recipe's; bench/joint_study.py compares the choices
 JOINT_CORR_GRAD, JOINT_LR = 1.0, 3e-4
 HEADLINE = "joint"  # the DCOCO the headline reports: "joint" (co-adapted) or "frozen" (frozen-drafter corrector)
-# the first DFlash stage's loss: over the corpus's 4,096 most frequent response tokens plus each batch's labels,
-# half the CPU time of a step over all 49,152 rows; at one CPU budget that drafter reaches 1.077x the tau of the
-# full-vocabulary one (bench/levers.py), and the stage takes twice the steps for the same time. The later stages
-# (the DFlash baseline's and DCOCO's joint steps) keep the whole head, so both see the same loss.
+# the first DFlash stage's loss: over the corpus's 4,096 most frequent response tokens plus each batch's labels, a
+# cheaper step than one over all 49,152 rows, so the stage takes more steps in the same CPU time and its drafter
+# ends stronger (bench/levers.py; the figures are in bench/README.md, drafter levers). The later stages (the DFlash
+# baseline's and DCOCO's joint steps) keep the whole head, so both see the same loss.
 LOSS_VOCAB = 4096
 
 
@@ -254,10 +255,6 @@ def _load_frozen(path: Path) -> Corrector | CandidateSelector:
     return m.eval()
 
 
-FROZEN, ONLINE = "DCOCO, frozen drafter", "DCOCO online corrector (drafter not co-trained)"
-CONTINUED = "DFlash, trained on alone (the joint drafter's budget)"
-
-
 def methods(trained: dict, rules: tuple[str, ...]) -> dict[str, tuple]:
     """{method: (drafter, corrector / selector or None, rule)}, DFlash (dflash-long) first."""
     d0, c0 = trained["dflash-long"][0], trained["corrector"][1]
@@ -293,71 +290,6 @@ def evaluate_all(model, engines: dict[str, Engine], prompts: dict[str, list], ma
     return out
 
 
-def headline(ev: dict, sim: dict, rules: tuple[str, ...]) -> dict:
-    """The headline keys and their CIs. tau, ratios and coverage come from the simulated evaluation (sim, every
-    method on the same prompts; ratios with paired 95% bootstrap CIs, over DFlash and, in sim["ratios"], over the
-    frozen-drafter corrector and the equal-budget DFlash); tokens/s and the losslessness check from real decoding
-    (ev). tau_dcoco is HEADLINE's DCOCO (greedy rule): the joint stage's (co-adapted, joint_corr_grad) or the
-    frozen-drafter corrector; both are reported. The oracles are the DFlash run's; coverage is teacher-forced at
-    every anchor (coverage_seen: samples)."""
-    m, real, vs = sim["methods"], ev["methods"], sim["ratios"]
-    joint_name = f"DCOCO joint {rules[0]}"
-    dfl, joint = m["DFlash"]["overall"], m[joint_name]["overall"]
-    frozen, sel, online = m[FROZEN]["overall"], m[DFLASH2]["overall"], m[ONLINE]["overall"]
-    dco_name = joint_name if HEADLINE == "joint" else FROZEN
-    dco = m[dco_name]["overall"]
-    tps = {k: real[name]["overall"]["tokens_per_s"] for k, name in (
-        ("target_only", "target-only"), ("dflash", "DFlash"), ("dcoco", dco_name), ("dcoco_joint", joint_name),
-        ("dcoco_frozen", FROZEN), ("dflash2", DFLASH2))}
-    oracle = dfl["tau_oracle_prefix_first"]
-
-    def captured(t):
-        return (t - dfl["tau"]) / (oracle - dfl["tau"]) if oracle and oracle > dfl["tau"] else None
-
-    return {"tau_target_only": 1.0, "tau_dflash": dfl["tau"], "tau_dflash_ci": dfl["tau_ci"],
-            "dcoco": dco_name, "tau_dcoco": dco["tau"], "tau_dcoco_ci": dco["tau_ci"],
-            "tau_ratio_dcoco_over_dflash": dco["ratio"], "tau_ratio_ci": dco["ratio_ci"],
-            "tau_dcoco_frozen": frozen["tau"], "tau_dcoco_frozen_ci": frozen["tau_ci"],
-            "tau_ratio_frozen_over_dflash": frozen["ratio"], "tau_ratio_frozen_ci": frozen["ratio_ci"],
-            "tau_dcoco_joint": joint["tau"], "tau_dcoco_joint_ci": joint["tau_ci"], "joint_corr_grad": JOINT_CORR_GRAD,
-            "joint_lr": JOINT_LR, "tau_ratio_joint_over_dflash": joint["ratio"],
-            "tau_ratio_joint_ci": joint["ratio_ci"],
-            "tau_ratio_joint_over_frozen": vs[FROZEN][joint_name]["ratio"],
-            "tau_ratio_joint_over_frozen_ci": vs[FROZEN][joint_name]["ratio_ci"],
-            "tau_dcoco_online": online["tau"], "tau_ratio_joint_over_online": vs[ONLINE][joint_name]["ratio"],
-            "tau_ratio_joint_over_online_ci": vs[ONLINE][joint_name]["ratio_ci"],
-            "tau_dflash_continued": m[CONTINUED]["overall"]["tau"],
-            "tau_ratio_joint_over_dflash_continued": vs[CONTINUED][joint_name]["ratio"],
-            "tau_ratio_joint_over_dflash_continued_ci": vs[CONTINUED][joint_name]["ratio_ci"],
-            "tau_oracle_prefix_first": oracle, "tau_oracle_walk": dfl["tau_oracle_walk"],
-            **{f"tps_{k}": v for k, v in tps.items()},
-            "tau_dflash2": sel["tau"], "tau_dflash2_ci": sel["tau_ci"], "tau_ratio_dflash2_over_dflash": sel["ratio"],
-            "tau_ratio_dflash2_ci": sel["ratio_ci"],
-            "headroom_captured_dcoco": captured(dco["tau"]), "headroom_captured_frozen": captured(frozen["tau"]),
-            "headroom_captured_joint": captured(joint["tau"]),
-            "speedup_dcoco_over_dflash": tps["dcoco"] / tps["dflash"], "coverage": dfl["coverage_tf"],
-            "coverage_seen": dfl["coverage_tf_seen"], "simulated_prompts": dfl["prompts"],
-            "simulated_rounds": dfl["rounds"], "lossless": ev["lossless"]}
-
-
-def co_adaptation(sim: dict, rules: tuple[str, ...], training: dict) -> dict:
-    """What co-training changed, the joint drafter beside the frozen one (and the online control's): per-slot
-    teacher-forced top-1 and top-16 coverage on the evaluation prompts, the corrector's transition hit rate, and
-    the final DFlash loss on the training batches."""
-    m = sim["methods"]
-    rows = {"frozen drafter (dflash-long)": ("DFlash", FROZEN, "dflash-long"),
-            "joint drafter (dcoco-drafter)": ("DCOCO joint drafter, corrector off", f"DCOCO joint {rules[0]}",
-                                              "dcoco-drafter"),
-            "online control's drafter (online)": (CONTINUED, ONLINE, "online")}
-    out = {}
-    for label, (plain, corrected, stage) in rows.items():
-        cov = m[plain]["overall"]["coverage_tf"]
-        out[label] = {"top1_per_slot": cov[1], "top16_per_slot": cov[16],
-                      "transition_hit_rate": m[corrected]["overall"]["transition_hit_rate"],
-                      "final_dflash_loss": training[stage].get("final_dflash")}
-    return out
-
-
 def costs(engines: dict[str, Engine], repeats: int = 200) -> dict[str, dict]:
     """Per method with a corrector or selector: parameters, FLOPs per round (one block; corrector.flops) and the
     CPU/GPU time of a round's selection (Engine.select on one block, R=1) next to the plain argmax's."""
@@ -382,100 +314,6 @@ def costs(engines: dict[str, Engine], repeats: int = 200) -> dict[str, dict]:
                          "select_ms_per_round": 1e3 * seconds(e), "argmax_ms_per_round": 1e3 * base}
     return out
 
-
-def _ci(ci) -> str:
-    return "" if not ci else f" [{ci[0]:.3f}, {ci[1]:.3f}]"
-
-
-def table(res: dict) -> str:
-    """Per method: simulated tau [95% CI], tau / DFlash [paired 95% CI], tau per suite; tokens/s and speedup over
-    target-only from real decoding."""
-    sim, real = res["sim"]["methods"], res["eval"]["methods"]
-    suites = list(sim["DFlash"]["suites"])
-    tps0 = real["target-only"]["overall"]["tokens_per_s"]
-    w = max(map(len, real)) + 2
-    head = (f"{'method':<{w}}{'tau [95% CI]':>22}{'vs DFlash [95% CI]':>24}{'tok/s':>8}{'speedup':>9}" +
-            "".join(f"{s[:9]:>10}" for s in suites))
-    lines = [head, "-" * len(head)]
-    for name in real:
-        tps = real[name]["overall"]["tokens_per_s"]
-        if name not in sim:
-            lines.append(f"{name:<{w}}{'1':>22}{'':>24}{tps:>8.1f}{tps / tps0:>8.2f}x")
-            continue
-        o = sim[name]["overall"]
-        ratio = f"{o['ratio']:.3f}{_ci(o.get('ratio_ci'))}"
-        lines.append(f"{name:<{w}}{o['tau']:>6.3f}{_ci(o['tau_ci']):>16}{ratio:>24}{tps:>8.1f}{tps / tps0:>8.2f}x" +
-                     "".join(f"{sim[name]['suites'][s]['tau']:>10.3f}" for s in suites))
-    h = res["headline"]
-    lines.append(f"tau simulated exactly (greedy) on {h['simulated_prompts']} prompts x up to "
-                 f"{res['sim']['max_new_tokens']} tokens ({h['simulated_rounds']} DFlash rounds); tokens/s from real "
-                 f"decoding of {res['config']['rows']} prompt(s) per suite x {res['config']['max_new_tokens']} "
-                 f"tokens.\nPrefix-first oracle tau (DFlash rounds): {h['tau_oracle_prefix_first']:.3f}; "
-                 f"DCOCO ({h['dcoco']}) / DFlash {h['tau_ratio_dcoco_over_dflash']:.3f}x{_ci(h['tau_ratio_ci'])}; "
-                 f"frozen-drafter corrector {h['tau_ratio_frozen_over_dflash']:.3f}x{_ci(h['tau_ratio_frozen_ci'])}, "
-                 f"joint (corr_grad {h['joint_corr_grad']:g}) {h['tau_ratio_joint_over_dflash']:.3f}x"
-                 f"{_ci(h['tau_ratio_joint_ci'])}, joint / frozen {h['tau_ratio_joint_over_frozen']:.3f}x"
-                 f"{_ci(h['tau_ratio_joint_over_frozen_ci'])}, joint / its online control "
-                 f"{h['tau_ratio_joint_over_online']:.3f}x{_ci(h['tau_ratio_joint_over_online_ci'])}, DFlash2 selector "
-                 f"{h['tau_ratio_dflash2_over_dflash']:.3f}x{_ci(h['tau_ratio_dflash2_ci'])}; "
-                 f"lossless: {h['lossless']}")
-    for name, c in res.get("costs", {}).items():
-        lines.append(f"  {name}: {c['parameters'] / 1e3:.0f}k parameters, {c['flops_per_round']['greedy'] / 1e6:.1f} "
-                     f"MFLOP per round (walk; {c['flops_per_round']['grid'] / 1e6:.1f} for the full grid), selection "
-                     f"{c['select_ms_per_round']:.2f} ms per round vs {c['argmax_ms_per_round']:.2f} ms for the argmax")
-    return "\n".join(lines)
-
-
-def plots(res: dict, work: Path, out: Path, prefix: str) -> list[Path]:
-    """tau per suite per method with 95% CIs, DFlash teacher-forced coverage per slot with counts and Wilson CIs,
-    teacher-forced tau while training."""
-    plt = figures.pyplot()
-
-    sim = res["sim"]["methods"]
-    paths = [out / f"{prefix}-tau.png", out / f"{prefix}-coverage.png", out / f"{prefix}-training.png"]
-    names = list(sim)
-    suites = [*sim["DFlash"]["suites"], "overall"]
-    fig, ax = plt.subplots(figsize=(max(6, 1.5 * len(suites)), 4.5))
-    w = 0.8 / len(names)
-    for j, m in enumerate(names):
-        rows = [sim[m]["overall"] if s == "overall" else sim[m]["suites"][s] for s in suites]
-        ys = [r["tau"] for r in rows]
-        err = [[y - r["tau_ci"][0] for y, r in zip(ys, rows)], [r["tau_ci"][1] - y for y, r in zip(ys, rows)]]
-        ax.bar([i - 0.4 + w * (j + 0.5) for i in range(len(suites))], ys, width=w, yerr=err, capsize=2, label=m)
-    counts = [(sim["DFlash"]["overall"] if s == "overall" else sim["DFlash"]["suites"][s])["prompts"] for s in suites]
-    ax.set_xticks(range(len(suites)), [f"{s}\n{n} prompts" for s, n in zip(suites, counts)], rotation=20,
-                  ha="right")
-    ax.set(ylabel="tau (tokens per round)",
-           title="SmolLM2-135M: committed tokens per round\n(greedy, simulated exactly; 95% CIs over prompts)")
-    ax.set_ylim(bottom=1.0)
-    ax.legend(fontsize=7)
-    figures.save(fig, paths[0])
-    d = sim["DFlash"]["overall"]
-    coverage_plot(d["coverage_tf"], d["coverage_tf_seen"], paths[1],
-                  "DFlash drafter: target token in its top-k\n(teacher-forced, every anchor; Wilson 95% CIs)")
-    fig, ax = plt.subplots(figsize=(6, 4))
-    t = res["training"]  # continued stages are drawn from the step where their drafter's training left off
-    base = t["dflash"]["steps"]
-    warm = base + t["dflash-long"]["steps"]
-    for stage, key, label, x0 in (("dflash", "tau_shortlist", "DFlash drafter (top-1 of the shortlisted loss: "
-                                                              "optimistic)", 0),
-                                  ("dflash-long", "tau_dflash", "DFlash drafter, whole head (baseline)", base),
-                                  ("online", "tau_dflash", "DFlash drafter trained on alone", warm),
-                                  ("online", "tau_dcoco", "+ online corrector (drafter not co-trained)", warm),
-                                  ("dcoco-drafter", "tau_dflash", "DCOCO joint drafter, argmax", warm),
-                                  ("dcoco-drafter", "tau_dcoco", "DCOCO joint drafter + corrector", warm)):
-        log = work / stage / "log.jsonl"
-        if log.is_file():
-            recs = [r for r in (json.loads(ln) for ln in log.read_text().split("\n") if ln.strip()) if key in r]
-            n = max(1, len(recs) // 25)
-            xs = [x0 + recs[i]["step"] for i in range(0, len(recs) - n + 1, n)]
-            ys = [sum(r[key] for r in recs[i:i + n]) / n for i in range(0, len(recs) - n + 1, n)]
-            ax.plot(xs, ys, label=label, linestyle=":" if key == "tau_shortlist" else "-")
-    ax.set(xlabel="drafter step",
-           ylabel="teacher-forced tau", title="training batches (moving mean)")
-    ax.legend()
-    figures.save(fig, paths[2])
-    return paths
 
 
 def run(size: str = "default", device: str = "cpu", out: str | Path | None = None, suites_dir=None,
@@ -507,18 +345,18 @@ def run(size: str = "default", device: str = "cpu", out: str | Path | None = Non
                                     "corpus_sequences": len(data), "corpus_response_tokens":
                                         int(data.response.sum())},
            "training": {k: v[2] for k, v in trained.items()}, "sim": sim, "eval": ev, "costs": costs(engines)}
-    res["headline"] = headline(ev, sim, s.rules)
-    res["co_adaptation"] = co_adaptation(sim, s.rules, res["training"])
+    res["headline"] = report.headline(ev, sim, s.rules, HEADLINE, JOINT_CORR_GRAD, JOINT_LR)
+    res["co_adaptation"] = report.co_adaptation(sim, s.rules, res["training"])
     res["seconds"] = time.monotonic() - t0
     dest = Path(out) if out else work
     dest.mkdir(parents=True, exist_ok=True)
     prefix = "demo-smollm2" + ("" if size == "full" else f"-{size}")
     (dest / f"{prefix}.json").write_text(json.dumps(res, indent=2) + "\n")
-    res["files"] = [str(dest / f"{prefix}.json"), *map(str, plots(res, work, dest, prefix))]
+    res["files"] = [str(dest / f"{prefix}.json"), *map(str, report.plots(res, work, dest, prefix))]
     return res
 
 
 def show(res: dict) -> None:
-    print(table(res))
+    print(report.table(res))
     print(f"checkpoints: {workdir(res['size'])} (the DCOCO drafter in serving layout: "
           f"{workdir(res['size']) / 'dcoco-drafter'}); wrote {', '.join(res['files'])}")

@@ -10,6 +10,7 @@ Tables and plots: serve_bench_report."""
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 import re
 import statistics
@@ -19,7 +20,9 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from ..chat import chat
-from ..jsonl import append_record, read_records
+from ..errors import ExternalError
+from ..files import write_text_atomic
+from ..jsonl import append_record, read_records, write_records
 from ..suites import ALL, SUITES, load, order, read, subset
 from . import serve_bench_report as report
 
@@ -63,21 +66,21 @@ def hub(names: Sequence[str], dest: Path) -> None:
     try:
         import datasets
     except ImportError:
-        raise SystemExit(f"dcoco bench: --hub needs the `datasets` package (pip install datasets) and a network; "
-                         f"{offline}") from None
+        raise ExternalError(
+            f"--hub needs the `datasets` package (pip install datasets) and a network; {offline}") from None
     dest.mkdir(parents=True, exist_ok=True)
     for name in names:
         repo, config, split = HUB[name]
         try:
             ds = datasets.load_dataset(repo, config, split=split)
         except Exception as e:  # noqa: BLE001 (datasets raises many kinds: network, auth, format)
-            raise SystemExit(f"dcoco bench: --hub could not fetch {name} ({repo}): {type(e).__name__}: {e}; "
-                             f"{offline}") from None
+            raise ExternalError(
+                f"--hub could not fetch {name} ({repo}): {type(e).__name__}: {e}; {offline}") from None
         if name == "alpaca":  # instruction, optional input
             rows = [{"turns": [r["instruction"] + (f"\n\n{r['input']}" if r.get("input") else "")]} for r in ds]
         else:
             rows = [{"turns": list(r["turns"]), "category": r["category"]} for r in ds]
-        (dest / f"{name}.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows), encoding="utf-8")
+        write_records(dest / f"{name}.jsonl", rows)
 
 
 def counters(text: str) -> dict | None:
@@ -190,12 +193,6 @@ def summarize(config: dict, records: Sequence[dict], batches: Sequence[dict]) ->
     return {"spec": spec, "cells": cells, "rows": rows}
 
 
-def _write_json(path: Path, obj) -> None:
-    tmp = path.with_suffix(".tmp")
-    tmp.write_text(json.dumps(obj, indent=2))
-    tmp.replace(path)  # a kill never leaves half a file
-
-
 async def _check(client, base: str, model: str, body: dict) -> None:
     """Fail at once, clearly, when the server is unreachable, does not serve the model or rejects a plain request
     (WARMUP, 8 tokens, which also pays the server's one-off costs before the timed batches)."""
@@ -204,17 +201,17 @@ async def _check(client, base: str, model: str, body: dict) -> None:
     try:
         r = await client.get(f"{base}/v1/models", timeout=min(30.0, client.timeout.read))  # the user's --timeout
     except httpx.HTTPError as e:
-        raise SystemExit(f"dcoco bench: cannot reach --endpoint {base} ({type(e).__name__}: {e}); is the server "
-                         f"running?") from None
+        raise ExternalError(
+            f"cannot reach --endpoint {base} ({type(e).__name__}: {e}); is the server running?") from None
     try:
         served = [m["id"] for m in r.json()["data"]]
     except (ValueError, KeyError, TypeError):
         served = None  # not every server lists its models
     if served is not None and model not in served:
-        raise SystemExit(f"dcoco bench: --model {model!r} is not served at {base}; it serves {served}")
+        raise ExternalError(f"--model {model!r} is not served at {base}; it serves {served}")
     rec = await converse(client, base, {**body, "max_tokens": 8}, [WARMUP])
     if rec["status"] != "ok":
-        raise SystemExit(f"dcoco bench: the first request to {base} failed: {rec['error']}")
+        raise ExternalError(f"the first request to {base} failed: {rec['error']}")
 
 
 def pending(config: dict, records: Sequence[dict], batches: Sequence[dict], spec: bool) -> list[tuple]:
@@ -235,11 +232,12 @@ def pending(config: dict, records: Sequence[dict], batches: Sequence[dict], spec
     return plan
 
 
-async def _bench(base: str, model: str, out: Path, config: dict, texts: dict[str, list[dict]], timeout: float,
-                 progress: bool) -> tuple[int, int]:
+async def _bench(out: Path, config: dict, texts: dict[str, list[dict]], progress: bool) -> tuple[int, int]:
     """Send every pending conversation, appending records as they finish. Returns (requests sent, failed)."""
     import httpx
     from tqdm.auto import tqdm
+
+    base, timeout = config["endpoint"], config["timeout"]
 
     records, batches = read_records(out / "requests.jsonl"), read_records(out / "batches.jsonl")  # read once, then kept
     limits = httpx.Limits(max_connections=max(config["concurrency"]))
@@ -250,7 +248,7 @@ async def _bench(base: str, model: str, out: Path, config: dict, texts: dict[str
         n = sum(len(p[3]) for p in plan)
         if not n:
             return 0, 0
-        await _check(client, base, model, _body(config, None))
+        await _check(client, base, config["model"], _body(config, None))
         out.mkdir(parents=True, exist_ok=True)  # only now: a server that cannot be used leaves no run behind
         _save(out, config, records, batches)
         bar = tqdm(total=n, desc="bench", unit="req", disable=not progress)
@@ -297,7 +295,7 @@ def _body(config: dict, seed: int | None) -> dict:
 
 def _save(out: Path, config: dict, records: Sequence[dict], batches: Sequence[dict]) -> dict:
     res = {"config": config, "summary": summarize(config, records, batches)}
-    _write_json(out / "run.json", res)
+    write_text_atomic(out / "run.json", json.dumps(res, indent=2))  # a kill never leaves half a file
     return res
 
 
@@ -326,30 +324,53 @@ def select(paths: Sequence[str | Path] | None, only: Sequence[str] | None, use_h
     return found, [f"suites not found, left out: {', '.join(absent)}; {how}"] if absent else []
 
 
-def run(endpoint: str, model: str, out: str | Path, suites: Sequence[str | Path] | None = None,
-        only: Sequence[str] | None = None, use_hub: bool = False, rows: int | None = None, max_tokens: int = 2048,
-        seeds: Sequence[int | None] = (None, 42, 43, 44), temperature: float = 1.0,
-        concurrency: Sequence[int] = (1,), timeout: float = 600.0, thinking: bool = False,
-        progress: bool = True) -> tuple[dict, int]:
-    """Everything `dcoco bench` does; returns (run.json's content, failed requests). ValueError names a bad
-    argument; SystemExit when the server cannot be used at all. Resumes the run in out: requests that ended ok
-    are kept, failed ones are sent again."""
-    if max_tokens < 1:
-        raise ValueError(f"--max-tokens: expected an integer >= 1, got {max_tokens}")
-    if timeout <= 0:
-        raise ValueError(f"--timeout: expected seconds > 0, got {timeout}")
-    if temperature < 0:
-        raise ValueError(f"--temperature: expected >= 0, got {temperature}")
-    if rows is not None and rows != ALL and rows < 1:
-        raise ValueError(f"--rows: expected an integer >= 1 or 'all', got {rows}")
-    out = Path(out)
-    base = endpoint.rstrip("/").removesuffix("/v1")
+@dataclasses.dataclass(frozen=True)
+class BenchConfig:
+    """What `dcoco bench` runs: the server (its base URL, with or without /v1) and the served model name; out, the
+    run folder; suites (None: the shipped ones), only these names (None: all found), use_hub to fetch Alpaca and
+    SPEED-Bench; rows per suite (None: the paper's subsets, suites.ALL: every row); the sampling settings (seed None:
+    greedy); the concurrencies to sweep; the seconds to wait for each answer; thinking on in the chat template."""
+    endpoint: str
+    model: str
+    out: str | Path
+    suites: Sequence[str | Path] | None = None
+    only: Sequence[str] | None = None
+    use_hub: bool = False
+    rows: int | None = None
+    max_tokens: int = 2048
+    seeds: Sequence[int | None] = (None, 42, 43, 44)
+    temperature: float = 1.0
+    concurrency: Sequence[int] = (1,)
+    timeout: float = 600.0
+    thinking: bool = False
+
+
+def _check_settings(cfg: BenchConfig) -> str:
+    """The server's base URL; ValueError names a bad setting."""
+    if cfg.max_tokens < 1:
+        raise ValueError(f"--max-tokens: expected an integer >= 1, got {cfg.max_tokens}")
+    if cfg.timeout <= 0:
+        raise ValueError(f"--timeout: expected seconds > 0, got {cfg.timeout}")
+    if cfg.temperature < 0:
+        raise ValueError(f"--temperature: expected >= 0, got {cfg.temperature}")
+    if cfg.rows is not None and cfg.rows != ALL and cfg.rows < 1:
+        raise ValueError(f"--rows: expected an integer >= 1 or 'all', got {cfg.rows}")
+    base = cfg.endpoint.rstrip("/").removesuffix("/v1")
     if not base.startswith(("http://", "https://")):
-        raise ValueError(f"--endpoint: expected an http(s):// URL, got {endpoint!r}")
-    texts, notes = select(suites, only, use_hub, out)
-    config = {"endpoint": base, "model": model, "max_tokens": max_tokens, "temperature": temperature,
-              "thinking": thinking, "seeds": list(seeds), "concurrency": list(concurrency),
-              "rows": "paper" if rows is None else "all" if rows == ALL else rows, "timeout": timeout,
+        raise ValueError(f"--endpoint: expected an http(s):// URL, got {cfg.endpoint!r}")
+    return base
+
+
+def run(cfg: BenchConfig, progress: bool = True) -> tuple[dict, int]:
+    """Everything `dcoco bench` does; returns (run.json's content, failed requests). ValueError names a bad
+    argument; ExternalError when the server cannot be used at all. Resumes the run in cfg.out: requests that ended
+    ok are kept, failed ones are sent again."""
+    base = _check_settings(cfg)
+    out, rows = Path(cfg.out), cfg.rows
+    texts, notes = select(cfg.suites, cfg.only, cfg.use_hub, out)
+    config = {"endpoint": base, "model": cfg.model, "max_tokens": cfg.max_tokens, "temperature": cfg.temperature,
+              "thinking": cfg.thinking, "seeds": list(cfg.seeds), "concurrency": list(cfg.concurrency),
+              "rows": "paper" if rows is None else "all" if rows == ALL else rows, "timeout": cfg.timeout,
               "suites": {n: subset(n, r, rows) for n, r in texts.items()}}
     old = json.loads((out / "run.json").read_text())["config"] if (out / "run.json").is_file() else None
     if old:
@@ -359,7 +380,7 @@ def run(endpoint: str, model: str, out: str | Path, suites: Sequence[str | Path]
                              f"new run")
     for note in notes:
         print(f"dcoco bench: {note}", file=sys.stderr)
-    sent, failed = asyncio.run(_bench(base, model, out, config, texts, timeout, progress))
+    sent, failed = asyncio.run(_bench(out, config, texts, progress))
     res = _save(out, config, read_records(out / "requests.jsonl"), read_records(out / "batches.jsonl"))
     print(report.run_table(res))
     paths = report.write_run(res, out)

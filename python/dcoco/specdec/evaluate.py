@@ -6,6 +6,7 @@ The core (evaluate, write) takes already-tokenized prompts. `dcoco eval` (run) d
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import sys
 from collections.abc import Mapping, Sequence
@@ -223,40 +224,61 @@ def write(res: dict, out: str | Path) -> list[Path]:
     return paths
 
 
-def run(drafter: str, target: str = "smollm2", suites: Sequence[str] | None = None, rows: int | None = 8,
-        max_new_tokens: int = 64, temperature: float = 0.0, top_p: float = 1.0, top_k: int = 0,
-        corrector: bool = True, rule: str | None = None, lam: float = 0.75, num_candidates: int | None = None,
-        seed: int = 0, device: str = "cpu", out: str | Path = "dcoco-eval", progress: bool = True,
-        thinking: bool = False) -> dict:
-    """Everything `dcoco eval` does: load the target and the drafter checkpoint (DFlash or DCOCO), evaluate every
-    turn of `rows` rows per suite (load_chats), print the table, write under out. rule / num_candidates default to
-    the checkpoint's dcoco_config (greedy / 16 without one). Exits loudly (stderr) on a greedy losslessness
-    failure; the caller sets the exit code."""
+@dataclasses.dataclass(frozen=True)
+class EvalConfig:
+    """What `dcoco eval` runs: the drafter checkpoint (DFlash or DCOCO) and the target ('smollm2' or a transformers
+    path); suites (None: the shipped ones) and rows per suite as load_chats takes them; the decoding settings
+    (temperature 0: greedy); the corrector on or off, and its rule, lam and num_candidates (None: the checkpoint's
+    dcoco_config, else greedy and 16); the device, and the folder for results.json and the plots."""
+    drafter: str
+    target: str = "smollm2"
+    suites: Sequence[str] | None = None
+    rows: int | None = 8
+    max_new_tokens: int = 64
+    temperature: float = 0.0
+    top_p: float = 1.0
+    top_k: int = 0
+    corrector: bool = True
+    rule: str | None = None
+    lam: float = 0.75
+    num_candidates: int | None = None
+    seed: int = 0
+    device: str = "cpu"
+    out: str | Path = "dcoco-eval"
+    thinking: bool = False
+
+
+def run(cfg: EvalConfig, progress: bool = True) -> dict:
+    """Everything `dcoco eval` does: load the target and the drafter checkpoint, evaluate every turn of cfg.rows
+    rows per suite (load_chats), print the table, write under cfg.out. Exits loudly (stderr) on a greedy
+    losslessness failure; the caller sets the exit code."""
     from ..modeling import checkpoint
     from ..modeling.dflash import read_config
 
-    chats = load_chats(suites, rows)  # before the slow loads: a bad path fails at once
-    d, c = checkpoint.load(drafter)  # and so does a bad drafter, or a bad rule, lam or K
-    dc = read_config(drafter).get("dcoco_config") or {}
-    rule = dc.get("selection", "greedy") if rule is None else rule
-    num_candidates = dc.get("num_candidates", 16) if num_candidates is None else num_candidates
-    Engine.check_selection(rule, lam, num_candidates)
-    tok, model = load_target(target)
-    model.to(device)
+    chats = load_chats(cfg.suites, cfg.rows)  # before the slow loads: a bad path fails at once
+    d, c = checkpoint.load(cfg.drafter)  # and so does a bad drafter, or a bad rule, lam or K
+    dc = read_config(cfg.drafter).get("dcoco_config") or {}
+    rule = dc.get("selection", "greedy") if cfg.rule is None else cfg.rule
+    num_candidates = dc.get("num_candidates", 16) if cfg.num_candidates is None else cfg.num_candidates
+    Engine.check_selection(rule, cfg.lam, num_candidates)
+    tok, model = load_target(cfg.target)
+    model.to(cfg.device)
     dt = next(model.parameters()).dtype  # the drafter runs in the target's dtype
-    engine = Engine(model, d.to(device, dt).eval(), c.to(device, dt).eval() if corrector and c is not None else None,
-                    rule=rule, lam=lam, num_candidates=num_candidates)
-    res = evaluate_chats(model, engine, tok, chats, max_new_tokens, temperature, top_p, top_k, seed, thinking,
-                         progress)
-    res["config"] = {"drafter": str(drafter), "target": target, "corrector": engine.corrector is not None,
-                     "rule": engine.rule, "lam": lam, "num_candidates": engine.K,
+    engine = Engine(model, d.to(cfg.device, dt).eval(),
+                    c.to(cfg.device, dt).eval() if cfg.corrector and c is not None else None,
+                    rule=rule, lam=cfg.lam, num_candidates=num_candidates)
+    res = evaluate_chats(model, engine, tok, chats, max_new_tokens=cfg.max_new_tokens, temperature=cfg.temperature,
+                         top_p=cfg.top_p, top_k=cfg.top_k, seed=cfg.seed, thinking=cfg.thinking, progress=progress)
+    rows = cfg.rows
+    res["config"] = {"drafter": str(cfg.drafter), "target": cfg.target, "corrector": engine.corrector is not None,
+                     "rule": engine.rule, "lam": cfg.lam, "num_candidates": engine.K,
                      "rows": "paper" if rows is None else "all" if rows < 1 else rows,
                      "conversations": {n: len(c) for n, c in chats.items()},
                      "turns": {n: sum(map(len, c)) for n, c in chats.items()},
-                     "max_new_tokens": max_new_tokens, "temperature": temperature, "top_p": top_p, "top_k": top_k,
-                     "seed": seed, "device": device, "thinking": thinking}
+                     "max_new_tokens": cfg.max_new_tokens, "temperature": cfg.temperature, "top_p": cfg.top_p,
+                     "top_k": cfg.top_k, "seed": cfg.seed, "device": cfg.device, "thinking": cfg.thinking}
     print(table(res))
-    paths = write(res, out)
+    paths = write(res, cfg.out)
     print(f"wrote {', '.join(map(str, paths))}")
     if res["lossless"] is False:
         print(f"LOSSLESS CHECK FAILED: greedy speculative output differs from target-only on "

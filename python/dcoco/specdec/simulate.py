@@ -22,6 +22,7 @@ from pathlib import Path
 
 import torch
 
+from ..files import write_text_atomic
 from ..modeling.dflash import DFlashDrafter
 from .engine import KS, Engine, Result
 
@@ -120,7 +121,7 @@ def references(target, suites: Mapping[str, Sequence[list[int]]], max_new_tokens
     """{suite: the target's greedy continuation of every prompt, up to max_new_tokens or eos}; cached in
     cache/refs-KEY.json (KEY: the target's fingerprint, the prompts, max_new_tokens and eos).
 
-    Generated in padded batches (corpus.generate: about 20x faster than one prompt at a time on a CPU), then
+    Generated in padded batches (corpus.generate: far faster than one prompt at a time on a CPU), then
     checked by one teacher-forced pass per prompt, the pass the simulation drafts from: where a float near-tie
     under padding made the batch pick another token than that pass's argmax, the continuation is redone from
     there one prompt at a time (target_only)."""
@@ -158,9 +159,7 @@ def references(target, suites: Mapping[str, Sequence[list[int]]], max_new_tokens
         out[name], k = refs[k:k + len(prompts)], k + len(prompts)
     if path is not None:
         path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_suffix(".tmp")
-        tmp.write_text(json.dumps(out))
-        tmp.replace(path)
+        write_text_atomic(path, json.dumps(out))
     return out
 
 

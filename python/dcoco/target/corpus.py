@@ -7,8 +7,6 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
-import os
-import shutil
 from collections.abc import Sequence
 from importlib import resources
 from pathlib import Path
@@ -16,6 +14,9 @@ from pathlib import Path
 import torch
 from safetensors.torch import load_file, save_file
 from tqdm import tqdm
+
+from ..files import replacing
+from ..jsonl import read_lines
 
 FORMAT = 1  # bump when the stored layout or its meaning changes: old caches then miss
 FP16_MAX = 65504.0
@@ -25,12 +26,11 @@ def load_prompts(path: str | Path | None = None) -> list[str]:
     """Prompts from a JSONL file of {"prompt": ...} lines; default: the set shipped with dcoco."""
     src = resources.files("dcoco") / "data" / "prompts.jsonl" if path is None else Path(path)
     prompts = []
-    for n, line in enumerate(src.read_text(encoding="utf-8").split("\n"), 1):
-        if line.strip():
-            p = json.loads(line).get("prompt")
-            if not isinstance(p, str) or not p:
-                raise ValueError(f"path: line {n} of {src} has no non-empty string 'prompt'")
-            prompts.append(p)
+    for n, row in read_lines(src.read_text(encoding="utf-8")):
+        p = row.get("prompt")
+        if not isinstance(p, str) or not p:
+            raise ValueError(f"path: line {n} of {src} has no non-empty string 'prompt'")
+        prompts.append(p)
     if not prompts:
         raise ValueError(f"path: no prompts in {src}")
     return prompts
@@ -171,17 +171,13 @@ def build_corpus(model: torch.nn.Module, prompt_ids: Sequence[Sequence[int]], ca
         seqs = generate(model, prompt_ids, settings, eos, progress)
     else:
         seqs = [(list(p), list(r)) for p, r in zip(prompt_ids, responses)]
-    tmp = path.with_name(f"{path.name}.tmp{os.getpid()}")
-    tmp.mkdir(parents=True, exist_ok=True)
-    save_file(_features(model, seqs, settings, progress), str(tmp / "corpus.safetensors"))
-    meta = {"format": FORMAT, "settings": dataclasses.asdict(settings), "sequences": len(seqs),
-            "tokens": sum(len(p) + len(r) for p, r in seqs), "response_tokens": sum(len(r) for _, r in seqs),
-            "target": getattr(model.config, "_name_or_path", "") or type(model).__name__}
-    (tmp / "meta.json").write_text(json.dumps(meta, indent=2) + "\n")
-    if path.exists():  # another process finished first; its result is the same
-        shutil.rmtree(tmp)
-    else:
-        os.replace(tmp, path)
+    with replacing(path, keep_existing=True) as tmp:  # another process may finish first; its result is the same
+        tmp.mkdir(parents=True, exist_ok=True)
+        save_file(_features(model, seqs, settings, progress), str(tmp / "corpus.safetensors"))
+        meta = {"format": FORMAT, "settings": dataclasses.asdict(settings), "sequences": len(seqs),
+                "tokens": sum(len(p) + len(r) for p, r in seqs), "response_tokens": sum(len(r) for _, r in seqs),
+                "target": getattr(model.config, "_name_or_path", "") or type(model).__name__}
+        (tmp / "meta.json").write_text(json.dumps(meta, indent=2) + "\n")
     return Corpus(path)
 
 

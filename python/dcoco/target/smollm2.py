@@ -7,6 +7,8 @@ import importlib.util
 import os
 from pathlib import Path
 
+from ..files import replacing
+
 GGUF_NAME = "SmolLM2-135M-Instruct.Q4_1.gguf"
 MASK_TOKEN_ID = 16  # <empty_output>: an unused special token (the vocabulary has no spare row; not pad/eos)
 
@@ -55,8 +57,7 @@ def export(path: str | os.PathLike) -> Path:
         del config.quantization_config
     model = AutoModelForCausalLM.from_config(config)
     model.load_state_dict(gguf_model.state_dict())
-    tmp = path.with_name(path.name + f".tmp{os.getpid()}")
-    model.save_pretrained(tmp)
-    tok.save_pretrained(tmp)
-    os.replace(tmp, path)
+    with replacing(path) as tmp:
+        model.save_pretrained(tmp)
+        tok.save_pretrained(tmp)
     return path
