@@ -35,8 +35,6 @@ SHIMS = {
 }
 MAX_LINES = 450
 LONG = {
-    "dcoco.train.training": "the training loop with DDP, resumes and background saves in one place; splitting it "
-                            "is a change of its own",
     "dcoco.modeling.dflash": "the DFlash drafter, its config and the z-lab checkpoint reader, kept together",
     "dcoco.cli.demo": "the demo's pipeline, edited in parallel elsewhere; moved as it is",
 }

@@ -16,7 +16,7 @@ def _ints(text: str) -> list[int]:
 
 
 def arguments(p: argparse.ArgumentParser) -> None:
-    from ..train.training import TrainConfig
+    from ..train.config import TrainConfig
 
     d = TrainConfig()
     g = p.add_argument_group("what to train")
@@ -200,7 +200,7 @@ def _stage_runs(args: argparse.Namespace, stages: list[dict], given_out: bool) -
 def _stage_state(cfg, overwrite: bool) -> str:
     """What a recipe's stage does with its folder: "done" (finished with these settings), "resume" (interrupted
     with them) or "fresh"; ValueError when it holds another run and overwrite is off."""
-    from ..train.training import run_differences, run_files, saved_progress
+    from ..train.runs import run_differences, run_files, saved_progress
 
     held = run_files(cfg.out)
     if not held:
@@ -233,7 +233,7 @@ def _dry_run(a: argparse.Namespace, cfg, kw: dict) -> dict:
 
 def train_options(args: argparse.Namespace) -> tuple:
     """(TrainConfig, keyword arguments of recipe.run) from parsed `dcoco train` arguments."""
-    from ..train.training import TrainConfig
+    from ..train.config import TrainConfig
 
     cfg = TrainConfig(mode=args.mode, out=args.out, epochs=args.epochs, steps=args.steps, stop_at=args.stop_at,
                       max_time=args.max_time, seqs_per_step=args.seqs_per_step, grad_accum=args.grad_accum,

@@ -17,7 +17,7 @@ from ..corrector import Corrector
 from ..modeling.dflash import DFlashDrafter
 from ..loss import correction_loss
 from ..modeling.selector import CandidateSelector
-from .training import _gen, sample_anchors
+from .batches import _gen, sample_anchors
 
 KEYS = ("hidden", "cand_ids", "cand_logits", "anchor_ids", "target", "valid")
 

@@ -30,7 +30,7 @@ from ..corrector import Corrector
 from ..modeling.dflash import DFlashConfig, DFlashDrafter
 from ..modeling.head import chunk_rows
 from ..ops.native import CHUNK_BYTES as NATIVE_CHUNK_BYTES
-from .training import TrainConfig
+from .config import TrainConfig
 
 GIB = 2 ** 30
 F32 = 4
