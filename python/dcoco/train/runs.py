@@ -23,7 +23,7 @@ STATE = "train_state.pt"
 RUN_FILES = (STATE, "config.json", "model.safetensors", "log.jsonl", "eval.jsonl")  # what a run leaves in its out
 
 
-def _log_eval(out: Path, ev: dict, bar: tqdm) -> None:
+def log_eval(out: Path, ev: dict, bar: tqdm) -> None:
     out.mkdir(parents=True, exist_ok=True)
     with open(out / "eval.jsonl", "a") as f:
         f.write(json.dumps(ev) + "\n")
@@ -31,7 +31,7 @@ def _log_eval(out: Path, ev: dict, bar: tqdm) -> None:
                                                          if k.startswith("eval_") and k != "eval_blocks"))
 
 
-def _log(out: Path, rec: dict, bar: tqdm, history: list[dict], every: int) -> None:
+def log_step(out: Path, rec: dict, bar: tqdm, history: list[dict], every: int) -> None:
     out.mkdir(parents=True, exist_ok=True)
     with open(out / "log.jsonl", "a") as f:
         f.write(json.dumps(rec) + "\n")
@@ -124,7 +124,7 @@ def run_files(out: str | Path) -> list[str]:
     return [f for f in RUN_FILES if (out / f).exists()]
 
 
-def _fresh(out: Path, cfg: TrainConfig, rank: int, world: int) -> int:
+def fresh(out: Path, cfg: TrainConfig, rank: int, world: int) -> int:
     """Step 0 of a new run in out: refused when out holds a run, unless cfg.overwrite, which removes it first."""
     held = run_files(out)
     if held and not cfg.overwrite:
@@ -166,7 +166,7 @@ def _keep_steps(path: Path, last: int) -> None:
         os.replace(tmp, path)
 
 
-def _resume(out: Path, cfg: TrainConfig, total: int, world: int, objective: Objective, opt, lr_sched) -> int:
+def resume(out: Path, cfg: TrainConfig, total: int, world: int, objective: Objective, opt, lr_sched) -> int:
     if not (out / STATE).is_file():
         raise ValueError(f"resume: no {STATE} in {out}")
     state = torch.load(out / STATE, map_location="cpu", weights_only=False)

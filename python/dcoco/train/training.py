@@ -24,7 +24,7 @@ from .batches import Schedule, collate, frequent_tokens, sample_anchors
 from .config import TrainConfig
 from .distributed import init_distributed, resolve_device
 from .objective import Objective, _tau
-from .runs import Saver, _fresh, _log, _log_eval, _resume, run_differences, run_files, saved_progress
+from .runs import Saver, fresh, log_eval, log_step, resume, run_differences, run_files, saved_progress
 
 # the names users and tests import from here, wherever they live now
 __all__ = ["Objective", "Schedule", "TrainConfig", "TrainResult", "_tau", "collate", "frequent_tokens",
@@ -49,6 +49,71 @@ def train(cfg: TrainConfig, corpus: Corpus | TokenCorpus, embed: torch.Tensor, h
     drafter: a DFlashDrafter (e.g. checkpoint.load) or a DFlashConfig for a fresh one (seeded). corrector:
     trained in corrector/joint modes (fresh and seeded when None), kept frozen in drafter mode. target: the frozen
     target that computes each batch's features and labels (online.py), needed by a TokenCorpus."""
+    _check_inputs(cfg, corpus, drafter, target)
+    rank, world = init_distributed(cfg.dist_timeout)
+    dev = resolve_device(cfg.device)
+    torch.manual_seed(cfg.seed)
+    drafter, corrector = _modules(cfg, corpus, drafter, corrector, target)
+    _check_weights(cfg, drafter, embed, head)
+    drafter.float().to(dev)
+    drafter.requires_grad_(cfg.mode != "corrector")
+    drafter.grad_checkpoint = cfg.grad_checkpoint
+    if corrector is not None:
+        corrector.float().to(dev)
+        corrector.requires_grad_(cfg.mode != "drafter")
+    # the LM head only meets bf16-autocast matmuls on CUDA: kept in bf16 there (the online target's own head is
+    # then shared, not copied); float32 elsewhere
+    embed = embed.detach().float().to(dev)
+    head = head.detach().to(dev, torch.bfloat16 if dev.type == "cuda" else torch.float32)
+
+    anchors = cfg.anchors or (512 if dev.type == "cuda" else 32)
+    sched = Schedule(corpus, cfg.seed, cfg.seqs_per_step, anchors, rank, world, cfg.eval_sequences)
+    total = cfg.steps or cfg.epochs * sched.steps_per_epoch // cfg.grad_accum
+    if total < 1:
+        raise ValueError(f"grad_accum: {cfg.grad_accum} micro-batches per step leave no step in {cfg.epochs} "
+                         f"epoch(s) of {sched.steps_per_epoch} micro-batches")
+    objective = Objective(drafter, corrector, cfg, None if cfg.loss_vocab is None else
+                          frequent_tokens(corpus, cfg.loss_vocab).to(dev))
+    opt = torch.optim.AdamW([p for p in objective.parameters() if p.requires_grad], lr=cfg.lr, weight_decay=0.0)
+    lr_sched = torch.optim.lr_scheduler.LambdaLR(opt, _lr_at(int(cfg.warmup * total), total))
+    out = Path(cfg.out)
+    start = resume(out, cfg, total, world, objective, opt, lr_sched) if cfg.resume else fresh(out, cfg, rank, world)
+    model = objective
+    if world > 1:
+        model = nn.parallel.DistributedDataParallel(objective, device_ids=[dev.index] if dev.type == "cuda" else None,
+                                                    gradient_as_bucket_view=True)  # no second copy of the gradients
+
+    history, t0, step, end = [], time.monotonic(), start, min(total, cfg.stop_at or total)
+    saver = Saver()
+    bar = tqdm(total=total, initial=start, desc=f"train {cfg.mode}", disable=rank != 0 or not progress)
+    while step < end:
+        t_step = time.monotonic()
+        res = _step(model, objective, opt, sched, step, embed, head, dev, target, world)
+        lr = opt.param_groups[0]["lr"]
+        opt.step()
+        lr_sched.step()
+        step += 1
+        rec = _record(res, step, lr, cfg.max_time is not None and time.monotonic() - t0 > cfg.max_time, world, dev)
+        stop = rec.pop("stop")
+        rec["seconds"] = time.monotonic() - t_step  # this rank's wall time for the step, features included
+        history.append(rec)
+        if rank == 0:
+            log_step(out, rec, bar, history, cfg.log_every)
+        if cfg.eval_sequences and (step % (cfg.eval_every or cfg.save_every) == 0 or step == end or stop):
+            ev = _evaluate(objective, sched, embed, head, step, world, dev, target)
+            if rank == 0:
+                log_eval(out, ev, bar)
+        if rank == 0:
+            if step % cfg.save_every == 0 or step == end or stop:
+                saver.save(out, cfg, step, total, world, objective, opt, lr_sched)
+        if stop:
+            break
+    bar.close()
+    saver.wait()
+    return TrainResult(drafter, corrector, step, history)
+
+
+def _check_inputs(cfg, corpus, drafter, target) -> None:
     if not isinstance(cfg, TrainConfig):
         raise TypeError(f"cfg: expected a TrainConfig, got {type(cfg).__name__}")
     if not isinstance(corpus, (Corpus, TokenCorpus)):
@@ -58,9 +123,11 @@ def train(cfg: TrainConfig, corpus: Corpus | TokenCorpus, embed: torch.Tensor, h
         raise ValueError("target: a TokenCorpus needs the target (online features), a feature cache must not have it")
     if cfg.mode == "corrector" and not isinstance(drafter, DFlashDrafter):
         raise ValueError("drafter: corrector mode trains on a frozen, trained drafter; pass a DFlashDrafter")
-    rank, world = init_distributed(cfg.dist_timeout)
-    dev = resolve_device(cfg.device)
-    torch.manual_seed(cfg.seed)
+
+
+def _modules(cfg: TrainConfig, corpus, drafter, corrector, target) -> tuple[DFlashDrafter, Corrector | None]:
+    """The drafter (a fresh one for a DFlashConfig) and the corrector (a fresh one when a mode trains it and none
+    is given), checked against each other, cfg and the features."""
     if isinstance(drafter, DFlashConfig):
         drafter = DFlashDrafter(drafter)
     if not isinstance(drafter, DFlashDrafter):
@@ -77,89 +144,46 @@ def train(cfg: TrainConfig, corpus: Corpus | TokenCorpus, embed: torch.Tensor, h
     if width != drafter.fc.in_features:
         raise ValueError(f"{src}: features are {width} wide, the drafter expects "
                          f"{drafter.fc.in_features} ({len(drafter.config.target_layer_ids)} target layers x {d})")
-    V = drafter.config.vocab_size
+    return drafter, corrector
+
+
+def _check_weights(cfg: TrainConfig, drafter: DFlashDrafter, embed, head) -> None:
+    V, d = drafter.config.vocab_size, drafter.config.hidden_size
     if cfg.num_candidates > V:
         raise ValueError(f"cfg.num_candidates: {cfg.num_candidates} exceeds the vocabulary ({V})")
     for name, w in (("embed", embed), ("head", head)):
         if not isinstance(w, torch.Tensor) or w.dim() != 2 or tuple(w.shape) != (V, d):
             got = tuple(w.shape) if isinstance(w, torch.Tensor) else type(w).__name__
             raise ValueError(f"{name}: expected the target's ({V}, {d}) weight, got {got}")
-    drafter.float().to(dev)
-    drafter.requires_grad_(cfg.mode != "corrector")
-    drafter.grad_checkpoint = cfg.grad_checkpoint
-    if corrector is not None:
-        corrector.float().to(dev)
-        corrector.requires_grad_(cfg.mode != "drafter")
-    # the LM head only meets bf16-autocast matmuls on CUDA: kept in bf16 there (the online target's own head is
-    # then shared, not copied); float32 elsewhere
-    embed = embed.detach().float().to(dev)
-    head = head.detach().to(dev, torch.bfloat16 if dev.type == "cuda" else torch.float32)
 
-    anchors = cfg.anchors or (512 if dev.type == "cuda" else 32)
-    sched = Schedule(corpus, cfg.seed, cfg.seqs_per_step, anchors, rank, world, cfg.eval_sequences)
-    accum = cfg.grad_accum
-    total = cfg.steps or cfg.epochs * sched.steps_per_epoch // accum
-    if total < 1:
-        raise ValueError(f"grad_accum: {accum} micro-batches per step leave no step in {cfg.epochs} epoch(s) of "
-                         f"{sched.steps_per_epoch} micro-batches")
-    objective = Objective(drafter, corrector, cfg, None if cfg.loss_vocab is None else
-                          frequent_tokens(corpus, cfg.loss_vocab).to(dev))
-    params = [p for p in objective.parameters() if p.requires_grad]
-    clipped = [g for g in ([p for p in m.parameters() if p.requires_grad] for m in (drafter, corrector)
-                           if m is not None) if g]
-    opt = torch.optim.AdamW(params, lr=cfg.lr, weight_decay=0.0)
-    warm = int(cfg.warmup * total)
-    lr_at = (lambda s: (s + 1) / warm if s < warm else
-             0.5 * (1 + math.cos(math.pi * (s - warm) / max(1, total - warm))))
-    lr_sched = torch.optim.lr_scheduler.LambdaLR(opt, lr_at)
-    out = Path(cfg.out)
-    start = _resume(out, cfg, total, world, objective, opt, lr_sched) if cfg.resume else _fresh(out, cfg, rank, world)
-    model = objective
-    if world > 1:
-        model = nn.parallel.DistributedDataParallel(objective, device_ids=[dev.index] if dev.type == "cuda" else None,
-                                                    gradient_as_bucket_view=True)  # no second copy of the gradients
 
-    history, t0, step, end = [], time.monotonic(), start, min(total, cfg.stop_at or total)
-    saver = Saver()
-    bar = tqdm(total=total, initial=start, desc=f"train {cfg.mode}", disable=rank != 0 or not progress)
-    while step < end:
-        t_step = time.monotonic()
-        opt.zero_grad(set_to_none=True)
-        parts = []
-        for m in range(accum):  # gradients summed over micro-batches; DDP all-reduces after the last only
-            batch = _features({k: v.to(dev, non_blocking=True) for k, v in sched.batch(step * accum + m).items()},
-                              target)
-            with model.no_sync() if world > 1 and m < accum - 1 else contextlib.nullcontext():
-                with torch.autocast("cuda", torch.bfloat16, enabled=dev.type == "cuda"):
-                    res = model(batch, embed, head)
-                (res["loss"] / accum).backward()
-            parts.append({k: v.detach() for k, v in res.items()})
-        res = {k: sum(p[k] for p in parts) for k in parts[0]}  # losses summed over micro-batches, tau and blocks too
-        res.update({k: res[k] / accum for k in ("loss", "dflash", "corr")})
-        for group in clipped:  # per module: a fresh corrector's large L_corr gradient must not shrink the drafter's
-            torch.nn.utils.clip_grad_norm_(group, cfg.clip)
-        lr = opt.param_groups[0]["lr"]
-        opt.step()
-        lr_sched.step()
-        step += 1
-        rec = _record(res, step, lr, cfg.max_time is not None and time.monotonic() - t0 > cfg.max_time, world, dev)
-        stop = rec.pop("stop")
-        rec["seconds"] = time.monotonic() - t_step  # this rank's wall time for the step, features included
-        history.append(rec)
-        if rank == 0:
-            _log(out, rec, bar, history, cfg.log_every)
-        if cfg.eval_sequences and (step % (cfg.eval_every or cfg.save_every) == 0 or step == end or stop):
-            ev = _evaluate(objective, sched, embed, head, step, world, dev, target)
-            if rank == 0:
-                _log_eval(out, ev, bar)
-        if rank == 0:
-            if step % cfg.save_every == 0 or step == end or stop:
-                saver.save(out, cfg, step, total, world, objective, opt, lr_sched)
-        if stop:
-            break
-    bar.close()
-    saver.wait()
-    return TrainResult(drafter, corrector, step, history)
+def _lr_at(warm: int, total: int):
+    return (lambda s: (s + 1) / warm if s < warm else
+            0.5 * (1 + math.cos(math.pi * (s - warm) / max(1, total - warm))))
+
+
+def _step(model: nn.Module, objective: Objective, opt: torch.optim.Optimizer, sched: Schedule, step: int, embed, head,
+          dev: torch.device, target: TargetFeatures | None, world: int) -> dict[str, torch.Tensor]:
+    """One optimizer step's gradients, clipped: the losses summed over its micro-batches (loss, dflash and corr
+    then averaged), tau and blocks summed."""
+    accum = objective.cfg.grad_accum
+    opt.zero_grad(set_to_none=True)
+    parts = []
+    for m in range(accum):  # gradients summed over micro-batches; DDP all-reduces after the last only
+        batch = _features({k: v.to(dev, non_blocking=True) for k, v in sched.batch(step * accum + m).items()}, target)
+        with model.no_sync() if world > 1 and m < accum - 1 else contextlib.nullcontext():
+            with torch.autocast("cuda", torch.bfloat16, enabled=dev.type == "cuda"):
+                res = model(batch, embed, head)
+            (res["loss"] / accum).backward()
+        parts.append({k: v.detach() for k, v in res.items()})
+    res = {k: sum(p[k] for p in parts) for k in parts[0]}
+    res.update({k: res[k] / accum for k in ("loss", "dflash", "corr")})
+    # per module: a fresh corrector's large L_corr gradient must not shrink the drafter's
+    for m in (objective.drafter, objective.corrector):
+        group = [p for p in m.parameters() if p.requires_grad] if m is not None else []
+        if group:
+            torch.nn.utils.clip_grad_norm_(group, objective.cfg.clip)
+    return res
 
 
 def _record(res: dict, step: int, lr: float, stop: bool, world: int, dev: torch.device) -> dict:
