@@ -6,48 +6,70 @@ import dataclasses
 import math
 
 MODES = ("drafter", "corrector", "joint")
-# what a resumed run must share with the saved one, or the trajectory would silently change (the global batch,
-# seqs_per_step x world size, is checked too: the world size itself may change)
-RESUME_KEYS = ("mode", "seed", "anchors", "grad_accum", "eval_sequences", "lr", "warmup", "clip", "gamma", "rho",
-               "corr_grad", "num_candidates", "width", "mlp_hidden", "loss_vocab")
 SAVE_DTYPES = ("bfloat16", "float16", "float32")
+
+
+def _field(default, group: str | None = None, help: str | None = None, flag: str | None = None,
+           choices: tuple | None = None, stage: bool = False, resume: bool = False):
+    """A TrainConfig field with what `dcoco train` needs to know of it: its option group (None: no option), help
+    text, flag when not the field's name and choices; whether a recipe's [[stages]] may set it (stage) and whether
+    a resumed run must share it with the saved one (resume)."""
+    return dataclasses.field(default=default, metadata={"group": group, "help": help, "flag": flag,
+                                                        "choices": choices, "stage": stage, "resume": resume})
+
+
+WHAT, OPTIM, MEMORY = "what to train", "optimisation", "memory and runs"
 
 
 @dataclasses.dataclass
 class TrainConfig:
-    mode: str = "joint"
-    out: str = "runs/dcoco"
-    epochs: int = 1
-    steps: int | None = None        # schedule length; default epochs x steps per epoch
-    stop_at: int | None = None      # stop (resumably) after this global step; the schedule is unchanged
-    max_time: float | None = None   # stop (resumably) after this many seconds of this session
-    seqs_per_step: int = 2          # sequences per micro-batch per rank
-    grad_accum: int = 1             # micro-batches per optimizer step
-    anchors: int | None = None      # anchors per sequence, at most; None: 512 on CUDA, 32 on a CPU (minutes per epoch)
-    lr: float = 6e-4
-    warmup: float = 0.04
-    clip: float = 1.0
-    gamma: float = 7.0              # DFlash loss decay
-    rho: float = 4.0                # L_corr decay
-    corr_grad: float = 1.0          # joint: weight of L_corr's gradient into the drafter (0: only the DFlash loss
-                                    # trains the drafter, the corrector learns on it as it moves; 1: the paper's sum)
-    num_candidates: int = 16
-    width: int = 128
-    mlp_hidden: int = 256
-    logit_chunk: int | None = None  # rows per LM-head chunk (head.py); None: 256 MB of float32 logits
-    loss_vocab: int | None = None   # drafter mode: the DFlash loss over the corpus's loss_vocab most frequent
-                                    # response tokens plus the batch's labels (head.shortlist_ce); None: all V rows
-    grad_checkpoint: bool = False   # recompute the drafter's layer activations in backward (less memory, ~1/3 more)
-    save_dtype: str = "bfloat16"    # the serving checkpoint's dtype (train_state.pt keeps float32)
-    dist_timeout: float = 120.0     # minutes a collective may wait (torchrun), e.g. for a long save or eval
-    seed: int = 0
-    save_every: int = 200
-    log_every: int = 10
-    eval_sequences: int = 0         # corpus sequences held out of training; teacher-forced tau on them is logged
-    eval_every: int | None = None   # steps between held-out evaluations (default: save_every)
-    resume: bool = False            # continue the run saved in out (its configuration must match)
-    overwrite: bool = False         # replace a run already in out; without resume or overwrite such an out is refused
-    device: str = "auto"            # auto: cuda:LOCAL_RANK when CUDA is available, else cpu
+    mode: str = _field("joint", WHAT, "drafter: DFlash loss; corrector: L_corr on a frozen drafter (needs --init); "
+                                      "joint: both (default: %(default)s)", choices=MODES, stage=True, resume=True)
+    out: str = _field("runs/dcoco", WHAT, "checkpoint directory: serving layout, train_state.pt, log.jsonl (default: "
+                                          "%(default)s)", stage=True)
+    epochs: int = _field(1, OPTIM, "(%(default)s)", stage=True)
+    steps: int | None = _field(None, OPTIM, "schedule length (default: epochs x steps per epoch)", stage=True)
+    stop_at: int | None = _field(None, OPTIM, "stop after this global step (resumable; schedule unchanged)",
+                                 stage=True)
+    max_time: float | None = _field(None, OPTIM, "stop after this many seconds (resumable; schedule unchanged)",
+                                    stage=True)  # of this session
+    seqs_per_step: int = _field(2, OPTIM, "sequences per micro-batch per rank (%(default)s)", stage=True)
+    grad_accum: int = _field(1, OPTIM, "micro-batches per optimizer step (%(default)s)", stage=True, resume=True)
+    anchors: int | None = _field(None, OPTIM, "anchors per sequence, at most (default: 512 on CUDA, 32 on a CPU)",
+                                 stage=True, resume=True)  # a CPU's default: minutes per epoch
+    lr: float = _field(6e-4, OPTIM, "AdamW, cosine schedule (%(default)s)", stage=True, resume=True)
+    warmup: float = _field(0.04, OPTIM, "warmup fraction (%(default)s)", stage=True, resume=True)
+    clip: float = _field(1.0, resume=True)
+    gamma: float = _field(7.0, resume=True)  # DFlash loss decay
+    rho: float = _field(4.0, resume=True)    # L_corr decay
+    num_candidates: int = _field(16, OPTIM, "K (%(default)s)", flag="candidates", resume=True)
+    width: int = _field(128, OPTIM, "corrector width r (%(default)s)", resume=True)
+    mlp_hidden: int = _field(256, OPTIM, "corrector MLP width (%(default)s)", resume=True)
+    corr_grad: float = _field(1.0, OPTIM, "joint: weight of L_corr's gradient into the drafter; 0 trains the drafter "
+                                          "on the DFlash loss alone while the corrector learns on it (%(default)s: "
+                                          "the paper's sum)", resume=True)
+    logit_chunk: int | None = _field(None, MEMORY, "rows per LM-head chunk for the loss and top-K (default: 256 MB "
+                                                   "of float32 logits per chunk)")  # head.py
+    # drafter mode: head.shortlist_ce
+    loss_vocab: int | None = _field(None, OPTIM, "drafter mode: the DFlash loss over the corpus's N most frequent "
+                                                 "response tokens plus each batch's labels instead of the whole "
+                                                 "vocabulary (a cheaper step; default: all of it)", resume=True)
+    grad_checkpoint: bool = _field(False, MEMORY, "recompute the drafter layers' activations in backward: less "
+                                                  "memory, about 1/3 more compute")
+    save_dtype: str = _field("bfloat16", MEMORY, "the serving checkpoint's dtype; train_state.pt keeps float32 "
+                                                 "(%(default)s)", choices=SAVE_DTYPES)
+    dist_timeout: float = _field(120.0, MEMORY, "minutes a torchrun collective may wait (%(default)s)")
+    seed: int = _field(0, OPTIM, "(%(default)s)", resume=True)
+    save_every: int = _field(200, OPTIM, "steps between checkpoints (%(default)s)", stage=True)
+    log_every: int = _field(10, OPTIM, "steps per printed summary (%(default)s)")
+    eval_sequences: int = _field(0, OPTIM, "corpus sequences held out; their teacher-forced tau goes to eval.jsonl "
+                                           "(%(default)s)", stage=True, resume=True)
+    eval_every: int | None = _field(None, OPTIM, "steps between held-out evaluations (default: --save-every)",
+                                    stage=True)
+    resume: bool = _field(False, WHAT, "continue the run saved in --out (its settings must match)")
+    overwrite: bool = _field(False, WHAT, "replace a run already in --out (without --resume or --overwrite such an "
+                                          "--out is refused)")
+    device: str = _field("auto", OPTIM, "auto: cuda:LOCAL_RANK when available, else cpu")
 
     def __post_init__(self):
         if self.mode not in MODES:
@@ -87,3 +109,8 @@ class TrainConfig:
 def _positive_int(name: str, v) -> None:
     if isinstance(v, bool) or not isinstance(v, int) or v < 1:
         raise ValueError(f"{name}: expected an integer >= 1, got {v!r}")
+
+
+# what a resumed run must share with the saved one, or the trajectory would silently change (the global batch,
+# seqs_per_step x world size, is checked too: the world size itself may change)
+RESUME_KEYS = tuple(f.name for f in dataclasses.fields(TrainConfig) if f.metadata["resume"])
