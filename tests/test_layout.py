@@ -35,7 +35,6 @@ SHIMS = {
 }
 MAX_LINES = 450
 LONG = {
-    "dcoco.modeling.dflash": "the DFlash drafter, its config and the z-lab checkpoint reader, kept together",
     "dcoco.cli.demo": "the demo's pipeline, edited in parallel elsewhere; moved as it is",
 }
 # extras beyond [project].dependencies, per layer, and per module where one module needs more than its layer

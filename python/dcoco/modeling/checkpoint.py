@@ -14,7 +14,8 @@ import torch
 from ..ops import fused
 from ..corrector import Corrector
 from .dflash import ARCHITECTURE as DFLASH_ARCHITECTURE
-from .dflash import DFlashDrafter, read_config, read_tensors
+from .dflash import DFlashDrafter
+from .weights import read_config, read_tensors
 
 ARCHITECTURE = "DFlashDCOCODraftModel"
 PREFIX = "corrector."

@@ -120,7 +120,7 @@ def _check(target, drafter, cfg, world, seq_len, shard_target, online, cuda, dev
 
 
 def _layer_saved(c: DFlashConfig, T: int, L: int, span: int, a: int) -> int:
-    """Bytes one drafter layer (dflash.Layer) saves for backward. T block tokens, L = T + context tokens (the
+    """Bytes one drafter layer (dflash_layers.Layer) saves for backward. T block tokens, L = T + context tokens (the
     keys [ctx ; x]), span keys per block token (S + A*bs), a bytes per matmul output (2 under CUDA autocast,
     4 in float32). The residual stream and RMSNorm statistics are float32 either way; an fp32 input to a matmul
     is saved as is on a CPU and as autocast's bf16 copy (one per matmul) on CUDA, hence the 4d terms:
