@@ -22,7 +22,7 @@ from torch.utils.checkpoint import checkpoint
 
 from .dflash_config import ARCHITECTURE, DFlashConfig, build_target_layer_ids
 from .dflash_layers import Layer, RMSNorm, block_mask
-from .weights import check_storable, read_config, read_tensors
+from .weights import check_state, check_storable, read_config, read_tensors
 
 # the names users and tests import from here, wherever they live now
 __all__ = ["ARCHITECTURE", "DFlashConfig", "DFlashDrafter", "block_mask", "build_target_layer_ids", "decayed_mean",
@@ -227,16 +227,8 @@ class DFlashDrafter(nn.Module):
                                and not (skip_prefix and k.startswith(skip_prefix)))
         with torch.device("meta"):
             model = cls(config)
-        expected = {k: v.shape for k, v in model.state_dict().items()}
-        missing = sorted(expected.keys() - tensors.keys())
-        unexpected = sorted(tensors.keys() - expected.keys())
-        if missing or unexpected:
-            raise ValueError(f"{path}: checkpoint does not match the config: missing {missing[:8]}"
-                             f"{' ...' if len(missing) > 8 else ''}, unexpected {unexpected[:8]}"
-                             f"{' ...' if len(unexpected) > 8 else ''}")
-        for k, shape in expected.items():
-            if tensors[k].shape != shape:
-                raise ValueError(f"{path}: tensor {k} has shape {tuple(tensors[k].shape)}, expected {tuple(shape)}")
+        check_state(tensors, {k: v.shape for k, v in model.state_dict().items()}, str(path),
+                    "checkpoint does not match the config", shown=8)
         dtype = dtype or tensors["fc.weight"].dtype
         model.load_state_dict({k: v.to(device=device, dtype=dtype) for k, v in tensors.items()}, assign=True)
         return model

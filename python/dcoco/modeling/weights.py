@@ -78,3 +78,22 @@ def check_storable(tensors: dict[str, torch.Tensor], dtype: torch.dtype) -> None
         if big > limit:
             raise ValueError(f"tensor {k}: |values| up to {big:.4g} do not fit {str(dtype).removeprefix('torch.')} "
                              f"(at most {limit:.4g}); keep a wider dtype")
+
+
+def check_state(tensors: dict[str, torch.Tensor], expected: dict[str, torch.Size], where: str, what: str,
+                prefix: str = "", shown: int | None = None) -> None:
+    """ValueError `{where}: {what}: ...` when the tensors a module loads differ from its state dict's (expected:
+    name -> shape): the missing and unexpected names (at most `shown` of each), else every tensor of the wrong
+    shape. Names are printed with prefix, as the checkpoint stores them."""
+    missing, unexpected = sorted(expected.keys() - tensors.keys()), sorted(tensors.keys() - expected.keys())
+    if missing or unexpected:
+        raise ValueError(f"{where}: {what}: missing {_names(missing, prefix, shown)}, "
+                         f"unexpected {_names(unexpected, prefix, shown)}")
+    wrong = [f"tensor {prefix}{k} has shape {tuple(tensors[k].shape)}, expected {tuple(shape)}"
+             for k, shape in expected.items() if tensors[k].shape != shape]
+    if wrong:
+        raise ValueError(f"{where}: {what}: {'; '.join(wrong)}")
+
+
+def _names(keys: list[str], prefix: str, shown: int | None) -> str:
+    return f"{[prefix + k for k in keys[:shown]]}{' ...' if shown is not None and len(keys) > shown else ''}"
