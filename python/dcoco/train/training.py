@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import math
 import time
 from pathlib import Path
 
@@ -24,6 +23,7 @@ from .batches import Schedule, collate, frequent_tokens, sample_anchors
 from .config import TrainConfig
 from .distributed import init_distributed, resolve_device
 from .objective import Objective, _tau
+from .optim import warmup_cosine
 from .runs import Saver, fresh, log_eval, log_step, resume, run_differences, run_files, saved_progress
 
 # the names users and tests import from here, wherever they live now
@@ -75,7 +75,7 @@ def train(cfg: TrainConfig, corpus: Corpus | TokenCorpus, embed: torch.Tensor, h
     objective = Objective(drafter, corrector, cfg, None if cfg.loss_vocab is None else
                           frequent_tokens(corpus, cfg.loss_vocab).to(dev))
     opt = torch.optim.AdamW([p for p in objective.parameters() if p.requires_grad], lr=cfg.lr, weight_decay=0.0)
-    lr_sched = torch.optim.lr_scheduler.LambdaLR(opt, _lr_at(int(cfg.warmup * total), total))
+    lr_sched = warmup_cosine(opt, int(cfg.warmup * total), total)
     out = Path(cfg.out)
     start = resume(out, cfg, total, world, objective, opt, lr_sched) if cfg.resume else fresh(out, cfg, rank, world)
     model = objective
@@ -155,11 +155,6 @@ def _check_weights(cfg: TrainConfig, drafter: DFlashDrafter, embed, head) -> Non
         if not isinstance(w, torch.Tensor) or w.dim() != 2 or tuple(w.shape) != (V, d):
             got = tuple(w.shape) if isinstance(w, torch.Tensor) else type(w).__name__
             raise ValueError(f"{name}: expected the target's ({V}, {d}) weight, got {got}")
-
-
-def _lr_at(warm: int, total: int):
-    return (lambda s: (s + 1) / warm if s < warm else
-            0.5 * (1 + math.cos(math.pi * (s - warm) / max(1, total - warm))))
 
 
 def _step(model: nn.Module, objective: Objective, opt: torch.optim.Optimizer, sched: Schedule, step: int, embed, head,
