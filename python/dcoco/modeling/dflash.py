@@ -20,6 +20,7 @@ import torch.nn.functional as F
 from torch import nn
 from torch.utils.checkpoint import checkpoint
 
+from ..ops import checks
 from .dflash_config import ARCHITECTURE, DFlashConfig, build_target_layer_ids
 from .dflash_layers import Layer, RMSNorm, block_mask
 from .weights import check_state, check_storable, read_config, read_tensors
@@ -29,16 +30,6 @@ __all__ = ["ARCHITECTURE", "DFlashConfig", "DFlashDrafter", "block_mask", "build
            "dflash_loss", "read_config", "read_tensors"]
 
 EmbedOrHead = nn.Module | torch.Tensor  # a module, or its (V,d) weight
-
-
-def _check(name: str, t, ndim: int, floating: bool) -> torch.Tensor:
-    if not isinstance(t, torch.Tensor):
-        raise TypeError(f"{name}: expected a torch.Tensor, got {type(t).__name__}")
-    if t.is_floating_point() != floating or t.dtype == torch.bool:
-        raise TypeError(f"{name}: expected a {'floating' if floating else 'integer'} tensor, got {t.dtype}")
-    if t.dim() != ndim:
-        raise ValueError(f"{name}: expected {ndim} dimensions, got shape {tuple(t.shape)}")
-    return t
 
 
 class DFlashDrafter(nn.Module):
@@ -98,8 +89,8 @@ class DFlashDrafter(nn.Module):
         anchors (N,A) positions in [0,S). Block a is [input_ids[:, anchors[:, a]], MASK x (bs-1)] at
         positions anchors[:, a] + 0..bs-1 and sees target_hidden[:, :anchors[:, a]] and its own block only.
         embed: the target's embedding module or its (V,d) weight."""
-        _check("input_ids", input_ids, 2, False)
-        _check("anchors", anchors, 2, False)
+        checks.tensor("input_ids", input_ids, 2, "int")
+        checks.tensor("anchors", anchors, 2, "int")
         self._check_context(target_hidden, input_ids.shape[0])
         if target_hidden.shape[1] != input_ids.shape[1]:
             raise ValueError(f"target_hidden: expected {input_ids.shape[1]} positions like input_ids, "
@@ -118,7 +109,7 @@ class DFlashDrafter(nn.Module):
         anchor_ids (N,) the last committed token; target_hidden (N,C,n*d) the target features of the
         tokens before it (positions 0..C-1); context_len (N,) the real context length per row when rows
         are right-padded (default C): the anchor sits at position context_len."""
-        _check("anchor_ids", anchor_ids, 1, False)
+        checks.tensor("anchor_ids", anchor_ids, 1, "int")
         V = self.config.vocab_size
         if anchor_ids.numel() and not bool(((anchor_ids >= 0) & (anchor_ids < V)).all()):
             raise ValueError(f"anchor_ids: expected token ids in [0, {V}), got values from {int(anchor_ids.min())} "
@@ -128,7 +119,7 @@ class DFlashDrafter(nn.Module):
         C = target_hidden.shape[1]
         if context_len is None:
             context_len = torch.full((N,), C, device=anchor_ids.device)
-        _check("context_len", context_len, 1, False)
+        checks.tensor("context_len", context_len, 1, "int")
         if context_len.shape != (N,) or (N and not (0 <= int(context_len.min()) and int(context_len.max()) <= C)):
             raise ValueError(f"context_len: expected shape ({N},) with values in [0, {C}]")
         return self._blocks(anchor_ids.long()[:, None], target_hidden, context_len.long()[:, None], embed)[:, 0]
@@ -145,7 +136,7 @@ class DFlashDrafter(nn.Module):
         raise TypeError(f"lm_head: expected an nn.Module or a (V,d) weight tensor, got {type(lm_head).__name__}")
 
     def _check_context(self, target_hidden: torch.Tensor, N: int) -> None:
-        _check("target_hidden", target_hidden, 3, True)
+        checks.tensor("target_hidden", target_hidden, 3, "float")
         n_d = self.fc.in_features
         if target_hidden.shape[0] != N or target_hidden.shape[2] != n_d:
             raise ValueError(f"target_hidden: expected shape ({N}, S, {n_d}) ({len(self.config.target_layer_ids)} "
@@ -241,14 +232,12 @@ def dflash_loss(logits: torch.Tensor, labels: torch.Tensor, valid: torch.Tensor,
     labels (R,B) the token at anchor + k, valid (R,B) bool. With w_k = exp(-(k-1)/gamma):
         L = sum_{r,k} w_k valid[r,k] CE(logits[r,k], labels[r,k]) / sum_{r,k} w_k valid[r,k]
     (0 with zero gradient when nothing is valid). Computed in float32 at least."""
-    _check("logits", logits, 3, True)
-    _check("labels", labels, 2, False)
-    if not isinstance(valid, torch.Tensor) or valid.dtype != torch.bool:
-        raise TypeError(f"valid: expected a bool tensor, got {getattr(valid, 'dtype', type(valid).__name__)}")
+    checks.tensor("logits", logits, 3, "float")
+    checks.tensor("labels", labels, 2, "int")
+    checks.tensor("valid", valid, 2, "bool")
     R, B, V = logits.shape
     for name, t in (("labels", labels), ("valid", valid)):
-        if t.shape != (R, B):
-            raise ValueError(f"{name}: expected shape {(R, B)} to match logits, got {tuple(t.shape)}")
+        checks.shape(name, t, (R, B), "to match logits")
     if isinstance(gamma, bool) or not isinstance(gamma, (int, float)) or not math.isfinite(gamma) or gamma <= 0:
         raise ValueError(f"gamma: expected a finite number > 0, got {gamma!r}")
     lab = torch.where(valid, labels.long(), torch.zeros_like(labels, dtype=torch.long))
