@@ -2,7 +2,7 @@
 
 Every import of every module of python/dcoco counts: at module level and inside functions, absolute and relative.
 (a) No import circle. (b) Imports go one way between the layers: LAYERS says what each may import. (c) A module
-is at most MAX_LINES long, but for the ones LONG names. (d) Each third-party import comes from a distribution that
+is at most MAX_LINES long and each function at most MAX_FUNCTION_LINES. (d) Each third-party import comes from a distribution that
 dcoco declares for that module: [project].dependencies, plus the extras of its layer (EXTRAS)."""
 
 from __future__ import annotations
@@ -33,12 +33,7 @@ SHIMS = {
     "dcoco.spec": "dcoco.specdec.engine",          # the engine's old path, which users know
     "dcoco.vllm_plugin": "dcoco.serve.vllm_plugin",  # the installed vLLM entry point dcoco.vllm_plugin:register
 }
-MAX_LINES = 450
-LONG = {
-    "dcoco.train.training": "the training loop with DDP, resumes and background saves in one place; splitting it "
-                            "is a change of its own",
-    "dcoco.modeling.dflash": "the DFlash drafter, its config and the z-lab checkpoint reader, kept together",
-}
+MAX_LINES, MAX_FUNCTION_LINES = 450, 80
 # extras beyond [project].dependencies, per layer, and per module where one module needs more than its layer
 EXTRAS = {"ops": (), "top": (), "modeling": (), "dcoco": (), "target": ("train",), "train": ("train",),
           "specdec": ("train",), "cli": ("train", "demo"), "serve": (), "testing": ("test",)}
@@ -141,10 +136,15 @@ def test_imports_go_one_way():
 
 def test_modules_are_short():
     lines = {m: len(p.read_text().splitlines()) for m, p in modules().items()}
-    long = {m: n for m, n in lines.items() if n > MAX_LINES and m not in LONG}
+    long = {m: n for m, n in lines.items() if n > MAX_LINES}
     assert not long, f"modules over {MAX_LINES} lines: {long}"
-    stale = [m for m in LONG if lines.get(m, 0) <= MAX_LINES]
-    assert not stale, f"LONG names modules that are short (or gone) now: {stale}"
+
+
+def test_functions_are_short():
+    long = [f"{m}.{f.name} ({f.end_lineno - f.lineno + 1} lines)" for m, p in modules().items()
+            for f in ast.walk(ast.parse(p.read_text())) if isinstance(f, (ast.FunctionDef, ast.AsyncFunctionDef))
+            and f.end_lineno - f.lineno + 1 > MAX_FUNCTION_LINES]
+    assert not long, f"functions over {MAX_FUNCTION_LINES} lines: {long}"
 
 
 def test_each_module_imports_what_its_extras_install():

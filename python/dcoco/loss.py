@@ -8,18 +8,7 @@ import math
 import torch
 import torch.nn.functional as F
 
-
-def _tensor(name: str, t, ndim: int, kind: str) -> torch.Tensor:
-    """Type/rank check naming the argument; kind is 'float', 'int' or 'bool'."""
-    if not isinstance(t, torch.Tensor):
-        raise TypeError(f"{name}: expected a torch.Tensor, got {type(t).__name__}")
-    ok = {"float": t.is_floating_point(), "bool": t.dtype == torch.bool,
-          "int": not t.is_floating_point() and not t.is_complex() and t.dtype != torch.bool}[kind]
-    if not ok:
-        raise TypeError(f"{name}: expected a {kind} tensor, got {t.dtype}")
-    if t.dim() != ndim:
-        raise ValueError(f"{name}: expected {ndim} dimensions, got shape {tuple(t.shape)}")
-    return t
+from .ops import checks
 
 
 def correction_loss(scores: torch.Tensor, cand_ids: torch.Tensor, target_ids: torch.Tensor, valid: torch.Tensor,
@@ -35,10 +24,10 @@ def correction_loss(scores: torch.Tensor, cand_ids: torch.Tensor, target_ids: to
     whole batch (one weighted mean, not a mean of per-block means). With no supervised transition the loss
     is 0 with zero gradient. Computed in float32 at least (float64 stays float64); differentiable in scores.
     """
-    _tensor("scores", scores, 4, "float")
-    _tensor("cand_ids", cand_ids, 3, "int")
-    _tensor("target_ids", target_ids, 2, "int")
-    _tensor("valid", valid, 2, "bool")
+    checks.tensor("scores", scores, 4, "float")
+    checks.tensor("cand_ids", cand_ids, 3, "int")
+    checks.tensor("target_ids", target_ids, 2, "int")
+    checks.tensor("valid", valid, 2, "bool")
     R, T, K, K2 = scores.shape
     if K != K2 or K < 1 or T < 1:
         raise ValueError(f"scores: expected (R,B-1,K,K) with B >= 2, K >= 1, got {tuple(scores.shape)}")

@@ -28,14 +28,14 @@ STEPS = 40
 KILL_MID_SAVE = """
 import os, signal, sys
 from dcoco import cli
-from dcoco.train import training
+from dcoco.train import runs
 KILL_AT = int(sys.argv[1])
 replace = os.replace
 def dying(src, dst):
     replace(src, dst)
     if str(dst).endswith("model.safetensors") and f".tmp{KILL_AT}" in str(src):
         os.kill(os.getpid(), signal.SIGKILL)
-training.os.replace = dying
+runs.os.replace = dying
 sys.exit(cli.main(sys.argv[2:]))
 """
 

@@ -16,22 +16,14 @@ def _ints(text: str) -> list[int]:
 
 
 def arguments(p: argparse.ArgumentParser) -> None:
-    from ..train.training import TrainConfig
+    from ..train.config import MEMORY, OPTIM, WHAT
 
-    d = TrainConfig()
-    g = p.add_argument_group("what to train")
+    g = p.add_argument_group(WHAT)
     g.add_argument("--config", help="a TOML recipe: any of these options as keys (e.g. max_new_tokens = 1024), and "
                                     "optionally [[stages]] run in order, each starting from the one before; flags "
                                     "given here override the file (recipes/ has examples)")
-    g.add_argument("--mode", choices=("drafter", "corrector", "joint"), default=d.mode,
-                   help="drafter: DFlash loss; corrector: L_corr on a frozen drafter (needs --init); joint: both "
-                        "(default: %(default)s)")
-    g.add_argument("--out", default=d.out,
-                   help="checkpoint directory: serving layout, train_state.pt, log.jsonl (default: %(default)s)")
-    g.add_argument("--init", help="DFlash or DCOCO checkpoint to start from")
-    g.add_argument("--resume", action="store_true", help="continue the run saved in --out (its settings must match)")
-    g.add_argument("--overwrite", action="store_true",
-                   help="replace a run already in --out (without --resume or --overwrite such an --out is refused)")
+    _config_options(g, WHAT, {"out": lambda: g.add_argument("--init", help="DFlash or DCOCO checkpoint to start "
+                                                                           "from")})
     g = p.add_argument_group("target and corpus")
     g.add_argument("--target", default="smollm2",
                    help="'smollm2' (embedded, the default) or a transformers causal LM path")
@@ -57,43 +49,9 @@ def arguments(p: argparse.ArgumentParser) -> None:
     g.add_argument("--block-size", type=int, default=16, help="anchor + drafted slots (%(default)s)")
     g.add_argument("--mask-token-id", type=int, help="default: the tokenizer's mask, else the first spare row "
                                                      "(smollm2: 16)")
-    g = p.add_argument_group("optimisation")
-    g.add_argument("--epochs", type=int, default=d.epochs, help="(%(default)s)")
-    g.add_argument("--steps", type=int, help="schedule length (default: epochs x steps per epoch)")
-    g.add_argument("--stop-at", type=int, help="stop after this global step (resumable; schedule unchanged)")
-    g.add_argument("--max-time", type=float, help="stop after this many seconds (resumable; schedule unchanged)")
-    g.add_argument("--seqs-per-step", type=int, default=d.seqs_per_step,
-                   help="sequences per micro-batch per rank (%(default)s)")
-    g.add_argument("--grad-accum", type=int, default=d.grad_accum,
-                   help="micro-batches per optimizer step (%(default)s)")
-    g.add_argument("--anchors", type=int, help="anchors per sequence, at most (default: 512 on CUDA, 32 on a CPU)")
-    g.add_argument("--lr", type=float, default=d.lr, help="AdamW, cosine schedule (%(default)s)")
-    g.add_argument("--warmup", type=float, default=d.warmup, help="warmup fraction (%(default)s)")
-    g.add_argument("--candidates", type=int, default=d.num_candidates, help="K (%(default)s)")
-    g.add_argument("--width", type=int, default=d.width, help="corrector width r (%(default)s)")
-    g.add_argument("--mlp-hidden", type=int, default=d.mlp_hidden, help="corrector MLP width (%(default)s)")
-    g.add_argument("--corr-grad", type=float, default=d.corr_grad,
-                   help="joint: weight of L_corr's gradient into the drafter; 0 trains the drafter on the DFlash "
-                        "loss alone while the corrector learns on it (%(default)s: the paper's sum)")
-    g.add_argument("--loss-vocab", type=int,
-                   help="drafter mode: the DFlash loss over the corpus's N most frequent response tokens plus each "
-                        "batch's labels instead of the whole vocabulary (a cheaper step; default: all of it)")
-    g.add_argument("--seed", type=int, default=d.seed, help="(%(default)s)")
-    g.add_argument("--save-every", type=int, default=d.save_every, help="steps between checkpoints (%(default)s)")
-    g.add_argument("--log-every", type=int, default=d.log_every, help="steps per printed summary (%(default)s)")
-    g.add_argument("--eval-sequences", type=int, default=d.eval_sequences,
-                   help="corpus sequences held out; their teacher-forced tau goes to eval.jsonl (%(default)s)")
-    g.add_argument("--eval-every", type=int, help="steps between held-out evaluations (default: --save-every)")
-    g.add_argument("--device", default=d.device, help="auto: cuda:LOCAL_RANK when available, else cpu")
-    g = p.add_argument_group("memory and runs")
-    g.add_argument("--logit-chunk", type=int, help="rows per LM-head chunk for the loss and top-K (default: 256 MB "
-                                                   "of float32 logits per chunk)")
-    g.add_argument("--grad-checkpoint", action="store_true",
-                   help="recompute the drafter layers' activations in backward: less memory, about 1/3 more compute")
-    g.add_argument("--save-dtype", choices=("bfloat16", "float16", "float32"), default=d.save_dtype,
-                   help="the serving checkpoint's dtype; train_state.pt keeps float32 (%(default)s)")
-    g.add_argument("--dist-timeout", type=float, default=d.dist_timeout,
-                   help="minutes a torchrun collective may wait (%(default)s)")
+    _config_options(p.add_argument_group(OPTIM), OPTIM)
+    g = p.add_argument_group(MEMORY)
+    _config_options(g, MEMORY)
     g.add_argument("--no-progress", action="store_true")
     g = p.add_argument_group("memory plan (--dry-run: print it and exit; no weights are loaded)")
     g.add_argument("--dry-run", action="store_true", help="print the per-rank memory plan of this configuration")
@@ -104,8 +62,37 @@ def arguments(p: argparse.ArgumentParser) -> None:
                                                "--max-new-tokens)")
 
 
-STAGE_KEYS = ("mode", "out", "init", "epochs", "steps", "lr", "warmup", "seqs_per_step", "grad_accum", "anchors",
-              "save_every", "eval_sequences", "eval_every", "stop_at", "max_time")
+def _config_fields(group: str | None = None) -> list:
+    """TrainConfig's fields that are `dcoco train` options (of one option group when given), in field order."""
+    from ..train.config import TrainConfig
+
+    return [f for f in dataclasses.fields(TrainConfig)
+            if f.metadata["group"] is not None and group in (None, f.metadata["group"])]
+
+
+def _dest(field) -> str:
+    """The argparse destination (and recipe key) of a TrainConfig field's option."""
+    return field.metadata["flag"] or field.name
+
+
+def _config_options(g, group: str, after: dict | None = None) -> None:
+    """The options of one group's TrainConfig fields; after[name]() adds options that follow that field's."""
+    for f in _config_fields(group):
+        kw = {"help": f.metadata["help"]}
+        if f.type == "bool":
+            kw["action"] = "store_true"
+        else:
+            kw.update(type={"int": int, "float": float, "str": str}[f.type.split(" | ")[0]], default=f.default)
+        if f.metadata["choices"]:
+            kw["choices"] = f.metadata["choices"]
+        g.add_argument("--" + _dest(f).replace("_", "-"), **kw)
+        if after and f.name in after:
+            after[f.name]()
+
+
+def stage_keys() -> tuple[str, ...]:
+    """What a recipe's [[stages]] may set: --init and the TrainConfig fields marked as stage settings."""
+    return ("init",) + tuple(_dest(f) for f in _config_fields() if f.metadata["stage"])
 
 
 def recipe_options(path: str, argv: list[str]) -> tuple[argparse.Namespace, list[dict]]:
@@ -120,12 +107,12 @@ def recipe_options(path: str, argv: list[str]) -> tuple[argparse.Namespace, list
         raise ValueError(f"--config: cannot read {path}: {e}") from None
     p = argparse.ArgumentParser(prog="dcoco train")
     arguments(p)
-    dests = {a.dest for a in p._actions} - {"help", "config"}
+    dests = set(vars(p.parse_args([]))) - {"config"}
     stages = data.pop("stages", [])
     for where, keys in [("", data)] + [(f"[[stages]] {i + 1}: ", st) for i, st in enumerate(stages)]:
-        bad = sorted(k for k in keys if k.replace("-", "_") not in (dests if not where else STAGE_KEYS))
+        allowed = sorted(dests if not where else stage_keys())
+        bad = sorted(k for k in keys if k.replace("-", "_") not in allowed)
         if bad:
-            allowed = sorted(dests) if not where else list(STAGE_KEYS)
             raise ValueError(f"--config {path}: {where}unknown key(s) {bad}; expected some of {allowed}")
     p.set_defaults(**{k.replace("-", "_"): v for k, v in data.items()})
     return p.parse_args(argv), [{k.replace("-", "_"): v for k, v in st.items()} for st in stages]
@@ -200,7 +187,7 @@ def _stage_runs(args: argparse.Namespace, stages: list[dict], given_out: bool) -
 def _stage_state(cfg, overwrite: bool) -> str:
     """What a recipe's stage does with its folder: "done" (finished with these settings), "resume" (interrupted
     with them) or "fresh"; ValueError when it holds another run and overwrite is off."""
-    from ..train.training import run_differences, run_files, saved_progress
+    from ..train.runs import run_differences, run_files, saved_progress
 
     held = run_files(cfg.out)
     if not held:
@@ -233,17 +220,9 @@ def _dry_run(a: argparse.Namespace, cfg, kw: dict) -> dict:
 
 def train_options(args: argparse.Namespace) -> tuple:
     """(TrainConfig, keyword arguments of recipe.run) from parsed `dcoco train` arguments."""
-    from ..train.training import TrainConfig
+    from ..train.config import TrainConfig
 
-    cfg = TrainConfig(mode=args.mode, out=args.out, epochs=args.epochs, steps=args.steps, stop_at=args.stop_at,
-                      max_time=args.max_time, seqs_per_step=args.seqs_per_step, grad_accum=args.grad_accum,
-                      anchors=args.anchors, lr=args.lr, logit_chunk=args.logit_chunk, save_dtype=args.save_dtype,
-                      dist_timeout=args.dist_timeout, grad_checkpoint=args.grad_checkpoint,
-                      warmup=args.warmup, num_candidates=args.candidates, width=args.width,
-                      mlp_hidden=args.mlp_hidden, corr_grad=args.corr_grad, loss_vocab=args.loss_vocab, seed=args.seed,
-                      save_every=args.save_every,
-                      log_every=args.log_every, eval_sequences=args.eval_sequences, eval_every=args.eval_every,
-                      resume=args.resume, overwrite=args.overwrite, device=args.device)
+    cfg = TrainConfig(**{f.name: getattr(args, _dest(f)) for f in _config_fields()})
     kw = dict(target=args.target, prompts=args.prompts, data=args.data, cache=args.cache_dir, init=args.init,
               layers=args.layers,
               target_layer_ids=args.target_layers, block_size=args.block_size, mask_token_id=args.mask_token_id,

@@ -7,14 +7,15 @@ DFlash checkpoint."""
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import torch
+
 from ..ops import fused
 from ..corrector import Corrector
 from .dflash import ARCHITECTURE as DFLASH_ARCHITECTURE
-from .dflash import DFlashDrafter, read_config, read_tensors
+from .dflash import DFlashDrafter
+from .weights import check_state, read_config, read_tensors
 
 ARCHITECTURE = "DFlashDCOCODraftModel"
 PREFIX = "corrector."
@@ -61,14 +62,8 @@ def load(path: str | Path, dtype: torch.dtype | None = None,
     tensors = {k[len(PREFIX):]: v for k, v in read_tensors(path, lambda k: k.startswith(PREFIX)).items()}
     with torch.device("meta"):
         corrector = Corrector(drafter.config.hidden_size, dc["num_candidates"], dc["width"], dc["mlp_hidden"])
-    expected = {k: v.shape for k, v in corrector.state_dict().items()}
-    missing, unexpected = sorted(expected.keys() - tensors.keys()), sorted(tensors.keys() - expected.keys())
-    if missing or unexpected:
-        raise ValueError(f"{path}: corrector tensors do not match dcoco_config: missing "
-                         f"{[PREFIX + k for k in missing]}, unexpected {[PREFIX + k for k in unexpected]}")
-    for k, shape in expected.items():
-        if tensors[k].shape != shape:
-            raise ValueError(f"{path}: tensor {PREFIX}{k} has shape {tuple(tensors[k].shape)}, expected {tuple(shape)}")
+    check_state(tensors, {k: v.shape for k, v in corrector.state_dict().items()}, str(path),
+                "corrector tensors do not match dcoco_config", PREFIX)
     dtype = dtype or drafter.fc.weight.dtype
     corrector.load_state_dict({k: v.to(device=device, dtype=dtype) for k, v in tensors.items()}, assign=True)
     return drafter, corrector

@@ -4,12 +4,12 @@ Qwen3-style decoder layers over one block [anchor, MASK x (block_size-1)]. The d
 LM head of its own: both are the target's, frozen, passed to every call (never in state_dict). Context =
 the target's hidden states at target_layer_ids, concatenated, fc + hidden_norm, used as extra keys/values in
 every layer. A block attends bidirectionally to itself and to context positions strictly before its anchor;
-slot j predicts the token at anchor + j.
+slot j predicts the token at anchor + j. The config, the layers and the checkpoint files' reading are in
+dflash_config.py, dflash_layers.py and weights.py.
 """
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import math
 from collections.abc import Collection, Sequence
@@ -20,250 +20,16 @@ import torch.nn.functional as F
 from torch import nn
 from torch.utils.checkpoint import checkpoint
 
-ARCHITECTURE = "DFlashDraftModel"
+from ..ops import checks
+from .dflash_config import ARCHITECTURE, DFlashConfig, build_target_layer_ids
+from .dflash_layers import Layer, RMSNorm, block_mask
+from .weights import check_state, check_storable, read_config, read_tensors
+
+# the names users and tests import from here, wherever they live now
+__all__ = ["ARCHITECTURE", "DFlashConfig", "DFlashDrafter", "block_mask", "build_target_layer_ids", "decayed_mean",
+           "dflash_loss", "read_config", "read_tensors"]
+
 EmbedOrHead = nn.Module | torch.Tensor  # a module, or its (V,d) weight
-
-
-def build_target_layer_ids(num_target_layers: int, num_draft_layers: int) -> list[int]:
-    """z-lab's default taps when a config gives none: the middle layer, or evenly spaced over 1..T-3."""
-    if num_draft_layers == 1:
-        return [num_target_layers // 2]
-    span = num_target_layers - 4
-    return [round(1 + i * span / (num_draft_layers - 1)) for i in range(num_draft_layers)]
-
-
-@dataclasses.dataclass
-class DFlashConfig:
-    """Qwen3 sizes plus DFlash's fields; to_dict/from_dict read and write the z-lab config.json."""
-    hidden_size: int
-    intermediate_size: int
-    num_hidden_layers: int
-    num_attention_heads: int
-    num_key_value_heads: int
-    vocab_size: int
-    mask_token_id: int
-    target_layer_ids: list[int]
-    num_target_layers: int | None = None  # only checks target_layer_ids and goes to config.json
-    block_size: int = 16
-    head_dim: int | None = None  # None: hidden_size // num_attention_heads
-    rms_norm_eps: float = 1e-6
-    rope_theta: float = 1e6  # vLLM's default for DFlash drafts without one
-    max_position_embeddings: int = 40960
-
-    def __post_init__(self):
-        if self.head_dim is None and isinstance(self.hidden_size, int) and isinstance(self.num_attention_heads, int):
-            self.head_dim = self.hidden_size // max(self.num_attention_heads, 1)
-        self.target_layer_ids = list(self.target_layer_ids)
-        for f in ("hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads",
-                  "num_key_value_heads", "vocab_size", "head_dim", "max_position_embeddings"):
-            v = getattr(self, f)
-            if isinstance(v, bool) or not isinstance(v, int) or v < 1:
-                raise ValueError(f"{f}: expected an integer >= 1, got {v!r}")
-        if not isinstance(self.block_size, int) or self.block_size < 2:
-            raise ValueError(f"block_size: expected an integer >= 2, got {self.block_size!r}")
-        if self.num_attention_heads % self.num_key_value_heads:
-            raise ValueError(f"num_key_value_heads: {self.num_key_value_heads} does not divide "
-                             f"num_attention_heads {self.num_attention_heads}")
-        if self.head_dim % 2:
-            raise ValueError(f"head_dim: RoPE needs an even size, got {self.head_dim}")
-        if not isinstance(self.mask_token_id, int) or not 0 <= self.mask_token_id < self.vocab_size:
-            raise ValueError(f"mask_token_id: expected an id in [0, {self.vocab_size}), got {self.mask_token_id!r}")
-        top = self.num_target_layers if self.num_target_layers is not None else math.inf
-        if not self.target_layer_ids or not all(isinstance(i, int) and 0 <= i < top for i in self.target_layer_ids):
-            raise ValueError(f"target_layer_ids: expected a non-empty list of layer indices < {top}, "
-                             f"got {self.target_layer_ids!r}")
-        for f in ("rms_norm_eps", "rope_theta"):
-            if not float(getattr(self, f)) > 0:
-                raise ValueError(f"{f}: expected a number > 0, got {getattr(self, f)!r}")
-
-    def to_dict(self) -> dict:
-        """config.json content: a qwen3 config plus block_size, num_target_layers and dflash_config."""
-        d = {"architectures": [ARCHITECTURE], "model_type": "qwen3",
-             **{f: getattr(self, f) for f in ("hidden_size", "intermediate_size", "num_hidden_layers",
-                                              "num_attention_heads", "num_key_value_heads", "head_dim",
-                                              "vocab_size", "rms_norm_eps", "rope_theta",
-                                              "max_position_embeddings", "block_size")},
-             # transformers 5 and vLLM read rope_parameters; older readers rope_theta
-             "rope_parameters": {"rope_type": "default", "rope_theta": self.rope_theta},
-             "hidden_act": "silu", "attention_bias": False, "tie_word_embeddings": False,
-             "layer_types": ["full_attention"] * self.num_hidden_layers,
-             "dflash_config": {"mask_token_id": self.mask_token_id, "target_layer_ids": self.target_layer_ids}}
-        if self.num_target_layers is not None:
-            d["num_target_layers"] = self.num_target_layers
-        return d
-
-    @classmethod
-    def from_dict(cls, d: dict, architectures: Collection[str] = (ARCHITECTURE,)) -> DFlashConfig:
-        """Parse a DFlash config.json; ValueError on a different architecture or an unsupported variant.
-        architectures: the accepted names (a checkpoint that extends the DFlash layout adds its own)."""
-        arch = d.get("architectures")
-        if not isinstance(arch, list) or not set(arch) & set(architectures):
-            raise ValueError(f"architectures: expected one of {sorted(architectures)}, got {arch!r}")
-        if d.get("model_type") != "qwen3":
-            raise ValueError(f"model_type: expected 'qwen3', got {d.get('model_type')!r}")
-        _check_supported(d)
-        dc = d.get("dflash_config") or {}
-
-        def pick(key: str):  # some checkpoints put DFlash fields at the top level, not under dflash_config
-            return dc[key] if dc.get(key) is not None else d.get(key)
-
-        missing = [k for k in ("hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads",
-                               "vocab_size") if d.get(k) is None]
-        missing += [k for k in ("mask_token_id", "block_size") if pick(k) is None]
-        if missing:
-            raise ValueError(f"config.json: missing {', '.join(missing)}")
-        layers, ntl = d["num_hidden_layers"], d.get("num_target_layers")
-        ids = pick("target_layer_ids")
-        if ids is None:
-            if ntl is None:
-                raise ValueError("config.json: missing dflash_config.target_layer_ids (and num_target_layers)")
-            ids = build_target_layer_ids(ntl, layers)
-        rope = d.get("rope_parameters") or {}
-        return cls(hidden_size=d["hidden_size"], intermediate_size=d["intermediate_size"], num_hidden_layers=layers,
-                   num_attention_heads=d["num_attention_heads"],
-                   num_key_value_heads=d.get("num_key_value_heads") or d["num_attention_heads"],
-                   vocab_size=d["vocab_size"], mask_token_id=pick("mask_token_id"), target_layer_ids=ids,
-                   num_target_layers=ntl, block_size=pick("block_size"), head_dim=d.get("head_dim"),
-                   rms_norm_eps=d.get("rms_norm_eps", 1e-6),
-                   rope_theta=d.get("rope_theta") or rope.get("rope_theta") or 1e6,
-                   max_position_embeddings=d.get("max_position_embeddings", 40960))
-
-
-def _check_supported(d: dict) -> None:
-    """Refuse config variants this drafter does not implement rather than load them into wrong math."""
-    dc = d.get("dflash_config") or {}
-    rope_type = (d.get("rope_parameters") or {}).get("rope_type", "default")
-    problems = {
-        "attention_bias": bool(d.get("attention_bias")),
-        "hidden_act": d.get("hidden_act", "silu") != "silu",
-        "rope_scaling": bool(d.get("rope_scaling")) or rope_type != "default",
-        "layer_types": any(t != "full_attention" for t in d.get("layer_types") or []),
-        "use_sliding_window": bool(d.get("use_sliding_window")) or bool(dc.get("use_swa")),
-        "dflash_config.causal": bool(dc.get("causal")) or bool(d.get("is_causal")),
-        "target_hidden_size": d.get("target_hidden_size") not in (None, d.get("hidden_size")),
-        "draft_vocab_size": d.get("draft_vocab_size") not in (None, d.get("vocab_size")),
-        "attention_sink_bias": bool(dc.get("attention_sink_bias")) or bool(d.get("add_swa_attention_sink_bias")),
-        "input_embedding_scale": d.get("input_embedding_scale", 1.0) != 1.0,
-        "output_multiplier": d.get("output_multiplier", 1.0) != 1.0,
-        "final_logit_softcapping": d.get("final_logit_softcapping") is not None,
-    }
-    bad = [k for k, v in problems.items() if v]
-    if bad:
-        raise ValueError(f"config.json: unsupported DFlash variant ({', '.join(bad)})")
-
-
-class RMSNorm(nn.Module):
-    def __init__(self, size: int, eps: float):
-        super().__init__()
-        self.weight = nn.Parameter(torch.ones(size))
-        self.eps = eps
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        xf = x.float()  # statistics in float32, as Qwen3 and vLLM do
-        return self.weight * (xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps)).to(x.dtype)
-
-
-def _rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """Neox-style (rotate-half) RoPE; x (N,H,L,hd), cos/sin (N,1,L,hd)."""
-    h = x.shape[-1] // 2
-    return x * cos + torch.cat([-x[..., h:], x[..., :h]], -1) * sin
-
-
-class Attention(nn.Module):
-    def __init__(self, c: DFlashConfig):
-        super().__init__()
-        self.heads, self.kv_heads, self.hd = c.num_attention_heads, c.num_key_value_heads, c.head_dim
-        self.q_proj = nn.Linear(c.hidden_size, self.heads * self.hd, bias=False)
-        self.k_proj = nn.Linear(c.hidden_size, self.kv_heads * self.hd, bias=False)
-        self.v_proj = nn.Linear(c.hidden_size, self.kv_heads * self.hd, bias=False)
-        self.o_proj = nn.Linear(self.heads * self.hd, c.hidden_size, bias=False)
-        self.q_norm = RMSNorm(self.hd, c.rms_norm_eps)
-        self.k_norm = RMSNorm(self.hd, c.rms_norm_eps)
-
-    def forward(self, x: torch.Tensor, ctx: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor],
-                mask: torch.Tensor) -> torch.Tensor:
-        """x (N,Q,d) block states, ctx (N,S,d) fused context; keys/values are [ctx ; x], queries x.
-        rope: cos/sin (N,1,S+Q,hd) at the key positions (the queries' are the trailing Q)."""
-        N, Q, _ = x.shape
-        kv_in = torch.cat([ctx, x], 1)
-        q = self.q_norm(self.q_proj(x).view(N, Q, self.heads, self.hd)).transpose(1, 2)
-        k = self.k_norm(self.k_proj(kv_in).view(N, -1, self.kv_heads, self.hd)).transpose(1, 2)
-        v = self.v_proj(kv_in).view(N, -1, self.kv_heads, self.hd).transpose(1, 2)
-        cos, sin = rope
-        q, k = _rope(q, cos[:, :, -Q:], sin[:, :, -Q:]), _rope(k, cos, sin)
-        return self.o_proj(_attend(q, k, v, mask).transpose(1, 2).reshape(N, Q, -1))
-
-
-_FUSED_GQA: bool | None = None  # CUDA: whether a fused SDPA kernel took a masked GQA call (found on first use)
-
-
-def _attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-    """SDPA with GQA (query head i uses kv head i // (heads / kv_heads)) without copying k/v where a kernel reads
-    them shared. On CUDA only a fused kernel may take it: torch's math fallback would materialise the attention
-    weights (about 11 GiB per layer at Qwen3-8B sizes); where none takes a masked GQA call, k/v are copied per
-    query head, which the memory-efficient kernel accepts."""
-    global _FUSED_GQA
-    g = q.shape[1] // k.shape[1]
-    if g == 1 or not q.is_cuda:
-        return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=g > 1)
-    if _FUSED_GQA is not False:
-        from torch.nn.attention import SDPBackend, sdpa_kernel
-
-        try:
-            with sdpa_kernel([SDPBackend.CUDNN_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.FLASH_ATTENTION]):
-                out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=True)
-            _FUSED_GQA = True
-            return out
-        except RuntimeError:  # "no available kernel"
-            _FUSED_GQA = False
-    return F.scaled_dot_product_attention(q, k.repeat_interleave(g, 1), v.repeat_interleave(g, 1), attn_mask=mask)
-
-
-class MLP(nn.Module):
-    def __init__(self, c: DFlashConfig):
-        super().__init__()
-        self.gate_proj = nn.Linear(c.hidden_size, c.intermediate_size, bias=False)
-        self.up_proj = nn.Linear(c.hidden_size, c.intermediate_size, bias=False)
-        self.down_proj = nn.Linear(c.intermediate_size, c.hidden_size, bias=False)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
-
-
-class Layer(nn.Module):
-    def __init__(self, c: DFlashConfig):
-        super().__init__()
-        self.self_attn = Attention(c)
-        self.mlp = MLP(c)
-        self.input_layernorm = RMSNorm(c.hidden_size, c.rms_norm_eps)
-        self.post_attention_layernorm = RMSNorm(c.hidden_size, c.rms_norm_eps)
-
-    def forward(self, x, ctx, rope, mask):
-        # the context enters k/v as is (already hidden_norm-ed), never through this layer's norms or MLP
-        x = x + self.self_attn(self.input_layernorm(x), ctx, rope, mask)
-        return x + self.mlp(self.post_attention_layernorm(x))
-
-
-def block_mask(anchors: torch.Tensor, context_len: int, block_size: int) -> torch.Tensor:
-    """Boolean attention mask (N,1,A*bs,S+A*bs), True = attend, for blocks at anchors (N,A) over keys
-    [context (S) ; blocks (A*bs)]: block a sees context positions < anchors[:,a] and all of its own block.
-    No row is empty (a block always sees itself), so padded blocks give finite outputs."""
-    N, A = anchors.shape
-    pos = torch.arange(context_len, device=anchors.device)
-    ctx = (pos < anchors[..., None]).repeat_interleave(block_size, 1)                  # (N,A*bs,S)
-    blk = torch.arange(A, device=anchors.device).repeat_interleave(block_size)
-    own = (blk[:, None] == blk[None, :]).expand(N, -1, -1)                            # (N,A*bs,A*bs)
-    return torch.cat([ctx, own], -1)[:, None]
-
-
-def _check(name: str, t, ndim: int, floating: bool) -> torch.Tensor:
-    if not isinstance(t, torch.Tensor):
-        raise TypeError(f"{name}: expected a torch.Tensor, got {type(t).__name__}")
-    if t.is_floating_point() != floating or t.dtype == torch.bool:
-        raise TypeError(f"{name}: expected a {'floating' if floating else 'integer'} tensor, got {t.dtype}")
-    if t.dim() != ndim:
-        raise ValueError(f"{name}: expected {ndim} dimensions, got shape {tuple(t.shape)}")
-    return t
 
 
 class DFlashDrafter(nn.Module):
@@ -323,8 +89,8 @@ class DFlashDrafter(nn.Module):
         anchors (N,A) positions in [0,S). Block a is [input_ids[:, anchors[:, a]], MASK x (bs-1)] at
         positions anchors[:, a] + 0..bs-1 and sees target_hidden[:, :anchors[:, a]] and its own block only.
         embed: the target's embedding module or its (V,d) weight."""
-        _check("input_ids", input_ids, 2, False)
-        _check("anchors", anchors, 2, False)
+        checks.tensor("input_ids", input_ids, 2, "int")
+        checks.tensor("anchors", anchors, 2, "int")
         self._check_context(target_hidden, input_ids.shape[0])
         if target_hidden.shape[1] != input_ids.shape[1]:
             raise ValueError(f"target_hidden: expected {input_ids.shape[1]} positions like input_ids, "
@@ -343,7 +109,7 @@ class DFlashDrafter(nn.Module):
         anchor_ids (N,) the last committed token; target_hidden (N,C,n*d) the target features of the
         tokens before it (positions 0..C-1); context_len (N,) the real context length per row when rows
         are right-padded (default C): the anchor sits at position context_len."""
-        _check("anchor_ids", anchor_ids, 1, False)
+        checks.tensor("anchor_ids", anchor_ids, 1, "int")
         V = self.config.vocab_size
         if anchor_ids.numel() and not bool(((anchor_ids >= 0) & (anchor_ids < V)).all()):
             raise ValueError(f"anchor_ids: expected token ids in [0, {V}), got values from {int(anchor_ids.min())} "
@@ -353,7 +119,7 @@ class DFlashDrafter(nn.Module):
         C = target_hidden.shape[1]
         if context_len is None:
             context_len = torch.full((N,), C, device=anchor_ids.device)
-        _check("context_len", context_len, 1, False)
+        checks.tensor("context_len", context_len, 1, "int")
         if context_len.shape != (N,) or (N and not (0 <= int(context_len.min()) and int(context_len.max()) <= C)):
             raise ValueError(f"context_len: expected shape ({N},) with values in [0, {C}]")
         return self._blocks(anchor_ids.long()[:, None], target_hidden, context_len.long()[:, None], embed)[:, 0]
@@ -370,7 +136,7 @@ class DFlashDrafter(nn.Module):
         raise TypeError(f"lm_head: expected an nn.Module or a (V,d) weight tensor, got {type(lm_head).__name__}")
 
     def _check_context(self, target_hidden: torch.Tensor, N: int) -> None:
-        _check("target_hidden", target_hidden, 3, True)
+        checks.tensor("target_hidden", target_hidden, 3, "float")
         n_d = self.fc.in_features
         if target_hidden.shape[0] != N or target_hidden.shape[2] != n_d:
             raise ValueError(f"target_hidden: expected shape ({N}, S, {n_d}) ({len(self.config.target_layer_ids)} "
@@ -452,91 +218,11 @@ class DFlashDrafter(nn.Module):
                                and not (skip_prefix and k.startswith(skip_prefix)))
         with torch.device("meta"):
             model = cls(config)
-        expected = {k: v.shape for k, v in model.state_dict().items()}
-        missing = sorted(expected.keys() - tensors.keys())
-        unexpected = sorted(tensors.keys() - expected.keys())
-        if missing or unexpected:
-            raise ValueError(f"{path}: checkpoint does not match the config: missing {missing[:8]}"
-                             f"{' ...' if len(missing) > 8 else ''}, unexpected {unexpected[:8]}"
-                             f"{' ...' if len(unexpected) > 8 else ''}")
-        for k, shape in expected.items():
-            if tensors[k].shape != shape:
-                raise ValueError(f"{path}: tensor {k} has shape {tuple(tensors[k].shape)}, expected {tuple(shape)}")
+        check_state(tensors, {k: v.shape for k, v in model.state_dict().items()}, str(path),
+                    "checkpoint does not match the config", shown=8)
         dtype = dtype or tensors["fc.weight"].dtype
         model.load_state_dict({k: v.to(device=device, dtype=dtype) for k, v in tensors.items()}, assign=True)
         return model
-
-
-def read_json(file: Path) -> dict:
-    """A JSON object from file; ValueError naming the file when it is unreadable, not JSON, or not an object."""
-    try:
-        data = json.loads(Path(file).read_text())
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
-        raise ValueError(f"{file}: cannot read it as JSON ({e})") from None
-    if not isinstance(data, dict):
-        raise ValueError(f"{file}: expected a JSON object, got {type(data).__name__}")
-    return data
-
-
-def read_config(path: str | Path) -> dict:
-    """config.json of the checkpoint directory path (read_json's errors; ValueError when it is missing)."""
-    path = Path(path)
-    if not (path / "config.json").is_file():
-        raise ValueError(f"path: no config.json in {path}")
-    return read_json(path / "config.json")
-
-
-def weight_files(path: str | Path) -> list[Path]:
-    """The safetensors files of a checkpoint directory: model.safetensors, or the shards its index names."""
-    path = Path(path)
-    if (path / "model.safetensors").is_file():
-        return [path / "model.safetensors"]
-    if (path / "model.safetensors.index.json").is_file():
-        index = read_json(path / "model.safetensors.index.json").get("weight_map")
-        if not isinstance(index, dict):
-            raise ValueError(f"{path / 'model.safetensors.index.json'}: expected a weight_map object")
-        return [path / f for f in sorted(set(index.values()))]
-    raise ValueError(f"path: no model.safetensors (or model.safetensors.index.json) in {path}")
-
-
-def read_tensors(path: str | Path, keep=lambda name: True) -> dict[str, torch.Tensor]:
-    """The tensors named `keep` in a checkpoint directory's safetensors files, checked: a file that safetensors
-    cannot read (truncated, corrupt), a tensor stored in a non-floating dtype, or one holding NaN or inf is a
-    ValueError naming the file and the tensor. Every weight of both layouts is floating-point."""
-    from safetensors import SafetensorError, safe_open
-
-    out = {}
-    for f in weight_files(path):
-        try:
-            with safe_open(str(f), "pt") as st:
-                for k in st.keys():
-                    if keep(k):
-                        out[k] = st.get_tensor(k)
-        except (SafetensorError, OSError) as e:
-            raise ValueError(f"{f}: not a readable safetensors file ({e})") from None
-        for k, t in out.items():
-            if not t.is_floating_point():
-                raise ValueError(f"{f}: tensor {k} is stored as {str(t.dtype).removeprefix('torch.')}; expected a "
-                                 "floating-point dtype")
-            bad = int((~t.isfinite()).sum())
-            if bad:
-                raise ValueError(f"{f}: tensor {k} holds {bad} non-finite value(s) (NaN or inf) of {t.numel()}")
-    return out
-
-
-def check_storable(tensors: dict[str, torch.Tensor], dtype: torch.dtype) -> None:
-    """ValueError naming the first floating tensor that is not finite, or whose values overflow dtype (float16's
-    65504): a checkpoint never stores what it cannot read back as the weights."""
-    for k, v in tensors.items():
-        if not v.is_floating_point():
-            continue
-        if not bool(v.isfinite().all()):
-            raise ValueError(f"tensor {k} holds non-finite values (NaN or inf); refusing to save it")
-        limit = torch.finfo(dtype).max
-        big = float(v.detach().abs().max()) if v.numel() else 0.0
-        if big > limit:
-            raise ValueError(f"tensor {k}: |values| up to {big:.4g} do not fit {str(dtype).removeprefix('torch.')} "
-                             f"(at most {limit:.4g}); keep a wider dtype")
 
 
 def dflash_loss(logits: torch.Tensor, labels: torch.Tensor, valid: torch.Tensor, gamma: float = 7.0) -> torch.Tensor:
@@ -546,14 +232,12 @@ def dflash_loss(logits: torch.Tensor, labels: torch.Tensor, valid: torch.Tensor,
     labels (R,B) the token at anchor + k, valid (R,B) bool. With w_k = exp(-(k-1)/gamma):
         L = sum_{r,k} w_k valid[r,k] CE(logits[r,k], labels[r,k]) / sum_{r,k} w_k valid[r,k]
     (0 with zero gradient when nothing is valid). Computed in float32 at least."""
-    _check("logits", logits, 3, True)
-    _check("labels", labels, 2, False)
-    if not isinstance(valid, torch.Tensor) or valid.dtype != torch.bool:
-        raise TypeError(f"valid: expected a bool tensor, got {getattr(valid, 'dtype', type(valid).__name__)}")
+    checks.tensor("logits", logits, 3, "float")
+    checks.tensor("labels", labels, 2, "int")
+    checks.tensor("valid", valid, 2, "bool")
     R, B, V = logits.shape
     for name, t in (("labels", labels), ("valid", valid)):
-        if t.shape != (R, B):
-            raise ValueError(f"{name}: expected shape {(R, B)} to match logits, got {tuple(t.shape)}")
+        checks.shape(name, t, (R, B), "to match logits")
     if isinstance(gamma, bool) or not isinstance(gamma, (int, float)) or not math.isfinite(gamma) or gamma <= 0:
         raise ValueError(f"gamma: expected a finite number > 0, got {gamma!r}")
     lab = torch.where(valid, labels.long(), torch.zeros_like(labels, dtype=torch.long))

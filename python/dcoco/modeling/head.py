@@ -14,6 +14,7 @@ import torch
 import torch.nn.functional as F
 from torch.utils.checkpoint import checkpoint
 
+from ..ops import checks
 from .dflash import DFlashDrafter
 
 CHUNK_BYTES = 256 * 2 ** 20  # float32 logits per chunk when the caller does not say
@@ -36,11 +37,9 @@ def _part(x: torch.Tensor, head: torch.Tensor, labels: torch.Tensor | None, k: i
 
 
 def _check(hidden: torch.Tensor, head: torch.Tensor, labels: torch.Tensor | None) -> None:
-    if hidden.shape[-1] != head.shape[1]:
-        raise ValueError(f"hidden: expected last dimension {head.shape[1]} (the head's), got {tuple(hidden.shape)}")
-    if labels is not None and labels.shape != hidden.shape[:-1]:
-        raise ValueError(f"labels: expected shape {tuple(hidden.shape[:-1])} to match hidden, "
-                         f"got {tuple(labels.shape)}")
+    checks.last_dim("hidden", hidden, head.shape[1], "(the head's)")
+    if labels is not None:
+        checks.shape("labels", labels, hidden.shape[:-1], "to match hidden")
 
 
 def topk_ce(hidden: torch.Tensor, head: torch.Tensor, labels: torch.Tensor | None, k: int,

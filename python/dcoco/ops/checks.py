@@ -25,10 +25,30 @@ def require_tensors(**named) -> None:
 
 
 def float_tensor(name: str, t, ndim: int, float64: bool = False) -> None:
+    """A tensor of the ops' floating dtypes (FLOATS; float64 only when allowed) with ndim dimensions."""
     require_tensors(**{name: t})
     if t.dtype not in FLOATS or (t.dtype == torch.float64 and not float64):
         more = ", bfloat16, float16 or float64 (CPU)" if float64 else ", bfloat16 or float16"
         raise TypeError(f"{name}: expected float32{more}, got {t.dtype}")
+    dims(name, t, ndim)
+
+
+KINDS = {"float": "a floating-point", "int": "an integer", "bool": "a bool"}
+
+
+def tensor(name: str, t, ndim: int, kind: str) -> torch.Tensor:
+    """t, checked to be a tensor of a kind of dtype (KINDS: any floating one, any integer one, bool) with ndim
+    dimensions."""
+    require_tensors(**{name: t})
+    ok = {"float": t.is_floating_point(), "bool": t.dtype == torch.bool,
+          "int": not t.is_floating_point() and not t.is_complex() and t.dtype != torch.bool}[kind]
+    if not ok:
+        raise TypeError(f"{name}: expected {KINDS[kind]} tensor, got {t.dtype}")
+    dims(name, t, ndim)
+    return t
+
+
+def dims(name: str, t: torch.Tensor, ndim: int) -> None:
     if t.dim() != ndim:
         raise ValueError(f"{name}: expected {ndim} dimensions, got shape {tuple(t.shape)}")
 
@@ -36,6 +56,11 @@ def float_tensor(name: str, t, ndim: int, float64: bool = False) -> None:
 def shape(name: str, t: torch.Tensor, want: tuple, what: str) -> None:
     if tuple(t.shape) != tuple(want):
         raise ValueError(f"{name}: expected shape {tuple(want)} {what}, got {tuple(t.shape)}")
+
+
+def last_dim(name: str, t: torch.Tensor, size: int, what: str) -> None:
+    if t.shape[-1] != size:
+        raise ValueError(f"{name}: expected last dimension {size} {what}, got {tuple(t.shape)}")
 
 
 def same_device(named: dict, device_types: tuple[str, ...] | None = None) -> None:

@@ -46,6 +46,7 @@ from vllm.transformers_utils.repo_utils import get_hf_file_bytes
 
 from ..ops import backend
 from ..modeling import checkpoint
+from ..modeling.weights import check_state
 from . import hook
 from ..corrector import Corrector
 
@@ -214,14 +215,8 @@ class DFlashDCOCOForCausalLM(DFlashQwen3ForCausalLM):
             if mine:
                 logger.warning("dcoco: ignoring %d corrector tensors: config.json has no dcoco_config", len(mine))
             return out
-        want = self.corrector.state_dict()
-        missing, extra = sorted(want.keys() - mine.keys()), sorted(mine.keys() - want.keys())
-        bad = [f"{k} {tuple(mine[k].shape)} (expected {tuple(want[k].shape)})" for k in want.keys() & mine.keys()
-               if mine[k].shape != want[k].shape]
-        if missing or extra or bad:
-            raise ValueError(f"dcoco: the drafter checkpoint's corrector tensors do not match its dcoco_config: "
-                             f"missing {[checkpoint.PREFIX + k for k in missing]}, unexpected "
-                             f"{[checkpoint.PREFIX + k for k in extra]}, wrong shape {bad}")
+        check_state(mine, {k: v.shape for k, v in self.corrector.state_dict().items()}, "dcoco",
+                    "the drafter checkpoint's corrector tensors do not match its dcoco_config", checkpoint.PREFIX)
         self.corrector.load_state_dict({k: v.float() for k, v in mine.items()})
         self.corrector.to(self.model.fc.weight.device)
         return out

@@ -5,7 +5,6 @@ corrector (L_corr) and DFlash2's selector (its cross-entropy): the same cache, s
 
 from __future__ import annotations
 
-import math
 import time
 from pathlib import Path
 
@@ -17,7 +16,8 @@ from ..corrector import Corrector
 from ..modeling.dflash import DFlashDrafter
 from ..loss import correction_loss
 from ..modeling.selector import CandidateSelector
-from .training import _gen, sample_anchors
+from .batches import _gen, sample_anchors
+from .optim import warmup_cosine
 
 KEYS = ("hidden", "cand_ids", "cand_logits", "anchor_ids", "target", "valid")
 
@@ -79,9 +79,7 @@ def train(model: Corrector | CandidateSelector, cache: dict[str, torch.Tensor], 
     if isinstance(steps, bool) or not isinstance(steps, int) or steps < 1:
         raise ValueError(f"steps: expected an integer >= 1, got {steps!r}")
     opt = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.0)
-    w = max(1, round(warmup * steps))
-    sched = torch.optim.lr_scheduler.LambdaLR(
-        opt, lambda s: (s + 1) / w if s < w else 0.5 * (1 + math.cos(math.pi * (s - w) / max(1, steps - w))))
+    sched = warmup_cosine(opt, max(1, round(warmup * steps)), steps)
     g = torch.Generator().manual_seed(seed)
     N, losses, t0 = len(cache["target"]), [], time.monotonic()
     model.train()

@@ -18,7 +18,9 @@ from ..target.corpus import CorpusSettings, build_corpus, corpus_key, encode_pro
 from ..target.load import SMOLLM2, load_target
 from . import datagen
 from .online import TargetFeatures, TokenCorpus, shared_responses
-from .training import TrainConfig, TrainResult, init_distributed, resolve_device, train
+from .config import TrainConfig
+from .distributed import init_distributed, resolve_device
+from .training import TrainResult, train
 
 SMOLLM2_TAPS = [1, 15, 27]  # target layers the drafter reads: an early, a middle and a late one of the 30
 FEATURES = ("auto", "cache", "online")

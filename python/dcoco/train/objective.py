@@ -1,0 +1,78 @@
+"""The training objective: DFlash loss, L_corr and teacher-forced tau for one batch."""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from ..corrector import Corrector
+from ..modeling.dflash import DFlashDrafter, decayed_mean
+from ..modeling.head import shortlist_ce, topk_ce
+from ..loss import correction_loss
+from ..ops.select import select
+from .config import TrainConfig
+
+
+def corrector_scores(corrector: Corrector, hidden: torch.Tensor, cand_ids: torch.Tensor, cand_logits: torch.Tensor,
+                     embed: torch.Tensor) -> torch.Tensor:
+    """Corrector scores (R,B-1,K,K) with autograd: every training path goes through here, i.e. through the
+    backend picked for the device (backend.py): dcoco::score and its compiled backward, or the native path."""
+    return corrector.score(hidden, cand_ids, cand_logits, embed)
+
+
+class Objective(nn.Module):
+    """Losses and teacher-forced tau for one batch; holds the trained modules (what DDP wraps). Slot j of the
+    block at anchor p is supervised by labels[p+j], the verifier's argmax (both losses; on a greedy corpus it
+    is the next corpus token), and valid while p+j is inside the sequence's response."""
+
+    def __init__(self, drafter: DFlashDrafter, corrector: Corrector | None, cfg: TrainConfig,
+                 vocab: torch.Tensor | None = None):
+        super().__init__()
+        self.drafter, self.corrector, self.cfg, self.vocab = drafter, corrector, cfg, vocab
+
+    def forward(self, batch: dict[str, torch.Tensor], embed: torch.Tensor,
+                head: torch.Tensor) -> dict[str, torch.Tensor]:
+        cfg, mode = self.cfg, self.cfg.mode
+        ids, anchors, labels = batch["ids"], batch["anchors"], batch["labels"]
+        (N, A), S, bs = anchors.shape, ids.shape[1], self.drafter.config.block_size
+        pos = anchors[..., None] + torch.arange(1, bs, device=ids.device)                # (N,A,B) slot positions
+        at = pos.clamp(max=S - 1).view(N, -1)
+        target = labels.gather(1, at).view(N * A, bs - 1)
+        real = batch["anchor_ok"].reshape(-1)
+        valid = ((pos < S) & batch["response"].gather(1, at).view(N, A, -1)).view(N * A, -1) & real[:, None]
+
+        with torch.set_grad_enabled(torch.is_grad_enabled() and mode != "corrector"):
+            h = self.drafter(ids, batch["hidden"], anchors, embed)[:, :, 1:].reshape(N * A, bs - 1, -1)
+            labels = torch.where(valid, target, torch.zeros_like(target)) if mode != "corrector" else None
+            shortlisted = self.vocab is not None and torch.is_grad_enabled()  # evaluation keeps all V rows
+            if shortlisted:
+                ce, values, cand_ids = shortlist_ce(h, head, labels, self.vocab, cfg.num_candidates)
+            else:
+                ce, values, cand_ids = topk_ce(h, head, labels, cfg.num_candidates, cfg.logit_chunk)  # row chunks
+        zero = torch.zeros((), device=ids.device)
+        out = {"dflash": decayed_mean(ce, valid, cfg.gamma) if ce is not None else zero, "corr": zero}
+        # a shortlist's top-1 is over its rows plus the batch's own labels: optimistic, and not the drafter's argmax,
+        # so it is logged under its own name, never as tau_dflash
+        out["tau_shortlist" if shortlisted else "tau_dflash"] = _tau(cand_ids[..., 0], target, valid, real)
+        if self.corrector is not None:
+            with torch.set_grad_enabled(torch.is_grad_enabled() and mode != "drafter"):
+                hs, vs = (h, values) if cfg.corr_grad == 1 else (_scale_grad(h, cfg.corr_grad),
+                                                                 _scale_grad(values, cfg.corr_grad))
+                scores = corrector_scores(self.corrector, hs, cand_ids, vs, embed)
+                out["corr"] = correction_loss(scores, cand_ids, target, valid, cfg.rho)
+            ranks = select(scores.detach().float(), values[:, 0].detach().float(), "greedy")
+            out["tau_dcoco"] = _tau(cand_ids.gather(2, ranks[..., None])[..., 0], target, valid, real)
+        out["loss"] = {"drafter": out["dflash"], "corrector": out["corr"], "joint": out["dflash"] + out["corr"]}[mode]
+        out["blocks"] = real.sum()
+        return out
+
+
+def _scale_grad(x: torch.Tensor, w: float) -> torch.Tensor:
+    """x in the forward; w x its gradient in the backward."""
+    return x.detach() if w == 0 else x.detach() + w * (x - x.detach())
+
+
+def _tau(sel: torch.Tensor, target: torch.Tensor, valid: torch.Tensor, real: torch.Tensor) -> torch.Tensor:
+    """Sum over real blocks of 1 + the leading run of slots whose selected token is the (valid) label."""
+    run = ((sel == target) & valid).long().cumprod(-1).sum(-1)
+    return ((run + 1) * real).sum().float()

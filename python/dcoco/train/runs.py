@@ -1,0 +1,198 @@
+"""A run's folder: its logs, background checkpoint saves, and starting fresh or resuming."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import random
+import threading
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+from tqdm import tqdm
+
+from ..modeling import checkpoint
+from ..corrector import Corrector
+from ..modeling.dflash import DFlashDrafter
+from .config import RESUME_KEYS, TrainConfig
+from .objective import Objective
+
+STATE = "train_state.pt"
+RUN_FILES = (STATE, "config.json", "model.safetensors", "log.jsonl", "eval.jsonl")  # what a run leaves in its out
+
+
+def log_eval(out: Path, ev: dict, bar: tqdm) -> None:
+    out.mkdir(parents=True, exist_ok=True)
+    with open(out / "eval.jsonl", "a") as f:
+        f.write(json.dumps(ev) + "\n")
+    bar.write(f"step {ev['step']} held-out: " + " ".join(f"{k[5:]} {v:.4f}" for k, v in ev.items()
+                                                         if k.startswith("eval_") and k != "eval_blocks"))
+
+
+def log_step(out: Path, rec: dict, bar: tqdm, history: list[dict], every: int) -> None:
+    out.mkdir(parents=True, exist_ok=True)
+    with open(out / "log.jsonl", "a") as f:
+        f.write(json.dumps(rec) + "\n")
+    window = history[-every:]
+    mean = {k: sum(r[k] for r in window) / len(window) for k in rec if k not in ("step", "lr")}
+    bar.set_postfix({k: f"{v:.3f}" for k, v in mean.items()}, refresh=False)
+    bar.update(1)
+    if rec["step"] % every == 0:
+        bar.write(f"step {rec['step']}: " + " ".join(f"{k} {v:.4f}" for k, v in mean.items()) + f" lr {rec['lr']:.2e}")
+
+
+class Saver:
+    """Checkpoints written in the background: a save copies the state to CPU memory (all the training step waits
+    for), then a thread writes the serving checkpoint and train_state.pt, each whole before it replaces the old
+    one. One save at a time; wait() before the run returns, and it raises what the thread raised."""
+
+    def __init__(self):
+        self._thread: threading.Thread | None = None
+        self._error: BaseException | None = None
+
+    def save(self, out: Path, cfg: TrainConfig, step: int, total: int, world: int, objective: Objective,
+             opt: torch.optim.Optimizer, lr_sched) -> None:
+        self.wait()
+        drafter = _cpu_module(objective.drafter)
+        corrector = _cpu_module(objective.corrector) if objective.corrector is not None else None
+        state = {"step": step, "total": total, "world": world, "config": dataclasses.asdict(cfg),
+                 "drafter": drafter.state_dict(), "corrector": corrector.state_dict() if corrector else None,
+                 "optimizer": _to_cpu(opt.state_dict()), "scheduler": lr_sched.state_dict(),
+                 "rng": {"torch": torch.get_rng_state(), "python": random.getstate(),
+                         "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else None}}
+        self._thread = threading.Thread(target=self._write, args=(out, step, drafter, corrector, state,
+                                                                  getattr(torch, cfg.save_dtype)), daemon=False)
+        self._thread.start()
+
+    def _write(self, out: Path, step: int, drafter, corrector, state: dict, dtype: torch.dtype) -> None:
+        try:
+            tmp = out / f".tmp{step}"
+            checkpoint.save(tmp, drafter, corrector, dtype=dtype)
+            for f in ("config.json", "model.safetensors"):
+                os.replace(tmp / f, out / f)
+            torch.save(state, tmp / STATE)
+            os.replace(tmp / STATE, out / STATE)
+            tmp.rmdir()
+        except BaseException as e:  # noqa: BLE001 (re-raised by wait, in the training thread)
+            self._error = e
+
+    def wait(self) -> None:
+        if self._thread is not None:
+            self._thread.join()
+            self._thread = None
+        if self._error is not None:
+            e, self._error = self._error, None
+            raise RuntimeError(f"saving the checkpoint failed: {type(e).__name__}: {e}") from e
+
+
+def _to_cpu(x):
+    """x with every tensor in it (nested dicts, lists, tuples) copied to CPU memory."""
+    if isinstance(x, torch.Tensor):
+        return x.detach().to("cpu", copy=True)
+    if isinstance(x, dict):
+        return {k: _to_cpu(v) for k, v in x.items()}
+    if isinstance(x, (list, tuple)):
+        return type(x)(_to_cpu(v) for v in x)
+    return x
+
+
+def _cpu_module(m: DFlashDrafter | Corrector) -> DFlashDrafter | Corrector:
+    """A CPU copy of a drafter or corrector, built on the meta device (no second copy on the GPU)."""
+    with torch.device("meta"):
+        copy = DFlashDrafter(m.config) if isinstance(m, DFlashDrafter) else \
+            Corrector(m.hidden_size, m.num_candidates, m.width, m.mlp_hidden)
+    copy.load_state_dict({k: v.detach().to("cpu", copy=True) for k, v in m.state_dict().items()}, assign=True)
+    return copy
+
+
+def saved_progress(out: str | Path) -> tuple[int, int] | None:
+    """(step, total) of the training state saved in out, or None when there is none."""
+    path = Path(out) / STATE
+    if not path.is_file():
+        return None
+    state = torch.load(path, map_location="cpu", weights_only=False, mmap=True)  # mmap: weights are not read
+    return state["step"], state["total"]
+
+
+def run_files(out: str | Path) -> list[str]:
+    """The files of a run in out (RUN_FILES present). ValueError when out exists and is not a folder."""
+    out = Path(out)
+    if out.exists() and not out.is_dir():
+        raise ValueError(f"out: {out} is a file; expected a folder for the run")
+    return [f for f in RUN_FILES if (out / f).exists()]
+
+
+def fresh(out: Path, cfg: TrainConfig, rank: int, world: int) -> int:
+    """Step 0 of a new run in out: refused when out holds a run, unless cfg.overwrite, which removes it first."""
+    held = run_files(out)
+    if held and not cfg.overwrite:
+        saved = saved_progress(out) if STATE in held else None
+        what = f"a run at step {saved[0]} of {saved[1]}" if saved else f"a run's files ({', '.join(held)})"
+        raise ValueError(f"out: {out} holds {what}; pass resume (--resume) to continue it"
+                         + (" (it has no saved state to resume from)" if saved is None else "")
+                         + ", overwrite (--overwrite) to replace it, or another out")
+    if held:
+        if world > 1:
+            dist.barrier()  # every rank has looked before rank 0 removes anything
+        if rank == 0:
+            for f in held:
+                (out / f).unlink()
+        if world > 1:
+            dist.barrier()
+    return 0
+
+
+def _differences(saved: dict, cfg: TrainConfig, keys) -> list[str]:
+    saved = {**dataclasses.asdict(TrainConfig()), **saved}  # keys added since the save take defaults
+    return [f"{k} ({saved[k]!r} saved, {getattr(cfg, k)!r} now)" for k in keys if saved[k] != getattr(cfg, k)]
+
+
+def run_differences(out: str | Path, cfg: TrainConfig) -> list[str]:
+    """How the run saved in out differs from cfg in what shapes its trajectory (RESUME_KEYS) or its length
+    (epochs, steps); [] when it is the same run. A recipe rerun skips or resumes a stage only then."""
+    state = torch.load(Path(out) / STATE, map_location="cpu", weights_only=False, mmap=True)
+    return _differences(state["config"], cfg, RESUME_KEYS + ("epochs", "steps"))
+
+
+def _keep_steps(path: Path, last: int) -> None:
+    """Drop the records of a JSONL log after step `last` (rank 0): a resumed run logs those steps again."""
+    if path.is_file():
+        keep = [line for line in path.read_text().splitlines(keepends=True)
+                if line.strip() and json.loads(line).get("step", 0) <= last]
+        tmp = path.with_suffix(".tmp")
+        tmp.write_text("".join(keep))
+        os.replace(tmp, path)
+
+
+def resume(out: Path, cfg: TrainConfig, total: int, world: int, objective: Objective, opt, lr_sched) -> int:
+    if not (out / STATE).is_file():
+        raise ValueError(f"resume: no {STATE} in {out}")
+    state = torch.load(out / STATE, map_location="cpu", weights_only=False)
+    diff = _differences(state["config"], cfg, RESUME_KEYS)
+    saved = {**dataclasses.asdict(TrainConfig()), **state["config"]}
+    if state["total"] != total:
+        diff.append(f"schedule length ({state['total']} saved, {total} now)")
+    saved_batch = saved["seqs_per_step"] * state["world"]
+    if saved_batch != cfg.seqs_per_step * world:
+        diff.append(f"global batch (seqs_per_step x world size: {saved['seqs_per_step']} x {state['world']} saved, "
+                    f"{cfg.seqs_per_step} x {world} now; on {world} rank(s) pass seqs_per_step = "
+                    f"{saved_batch / world:g})")
+    if (state["corrector"] is None) != (objective.corrector is None):
+        diff.append("corrector (present in one run only)")
+    if diff:
+        raise ValueError(f"resume: the run in {out} differs: {', '.join(diff)}")
+    objective.drafter.load_state_dict(state["drafter"])
+    if objective.corrector is not None:
+        objective.corrector.load_state_dict(state["corrector"])
+    opt.load_state_dict(state["optimizer"])
+    lr_sched.load_state_dict(state["scheduler"])
+    torch.set_rng_state(state["rng"]["torch"])
+    random.setstate(state["rng"]["python"])
+    if state["rng"]["cuda"] is not None and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(state["rng"]["cuda"])
+    if not dist.is_initialized() or dist.get_rank() == 0:
+        for log in ("log.jsonl", "eval.jsonl"):
+            _keep_steps(out / log, state["step"])
+    return state["step"]
