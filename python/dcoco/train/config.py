@@ -32,11 +32,11 @@ class TrainConfig:
     stop_at: int | None = _field(None, OPTIM, "stop after this global step (resumable; schedule unchanged)",
                                  stage=True)
     max_time: float | None = _field(None, OPTIM, "stop after this many seconds (resumable; schedule unchanged)",
-                                    stage=True)  # of this session
+                                    stage=True)  # this session's seconds
     seqs_per_step: int = _field(2, OPTIM, "sequences per micro-batch per rank (%(default)s)", stage=True)
     grad_accum: int = _field(1, OPTIM, "micro-batches per optimizer step (%(default)s)", stage=True, resume=True)
     anchors: int | None = _field(None, OPTIM, "anchors per sequence, at most (default: 512 on CUDA, 32 on a CPU)",
-                                 stage=True, resume=True)  # a CPU's default: minutes per epoch
+                                 stage=True, resume=True)  # a CPU's 32: minutes per epoch
     lr: float = _field(6e-4, OPTIM, "AdamW, cosine schedule (%(default)s)", stage=True, resume=True)
     warmup: float = _field(0.04, OPTIM, "warmup fraction (%(default)s)", stage=True, resume=True)
     clip: float = _field(1.0, resume=True)
