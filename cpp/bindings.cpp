@@ -36,7 +36,7 @@ void set_sizes(Params& p, const std::vector<int64_t>& sizes) {
   p.R = sizes[0], p.B = sizes[1], p.K = sizes[2], p.d = sizes[3], p.V = sizes[4], p.r = sizes[5], p.H = sizes[6];
 }
 
-// The corrector's inputs, shared by CorrectParams and GradParams: sizes, then (pointer, dtype code) pairs.
+// The corrector's inputs, shared by ForwardParams and GradParams: sizes, then (pointer, dtype code) pairs.
 template <class Params>
 void set_inputs(Params& p, const std::vector<int64_t>& sizes, uintptr_t hidden, int hidden_dtype, uintptr_t ids,
                 int ids_dtype, uintptr_t logits, int logits_dtype, uintptr_t embed, int embed_dtype) {
@@ -65,11 +65,11 @@ GradParams<T> grad_params(const std::vector<int64_t>& sizes, uintptr_t hidden, i
   return p;
 }
 
-CorrectParams correct_params(const std::vector<int64_t>& sizes, uintptr_t hidden, int hidden_dtype, uintptr_t ids,
+ForwardParams forward_params(const std::vector<int64_t>& sizes, uintptr_t hidden, int hidden_dtype, uintptr_t ids,
                              int ids_dtype, uintptr_t logits, int logits_dtype, uintptr_t embed, int embed_dtype,
                              uintptr_t table, const std::vector<uintptr_t>& weights, uintptr_t scores,
                              uintptr_t ranks, uintptr_t tokens) {
-  CorrectParams p;
+  ForwardParams p;
   set_inputs(p, sizes, hidden, hidden_dtype, ids, ids_dtype, logits, logits_dtype, embed, embed_dtype);
   p.table = ptr<float>(table);
   p.w = weights_from(weights);
@@ -147,17 +147,17 @@ PYBIND11_MODULE(_C, m) {
       },
       py::arg("sizes"));
   m.def(
-      "correct",
+      "forward",
       [](std::vector<int64_t> sizes, uintptr_t hidden, int hidden_dtype, uintptr_t ids, int ids_dtype,
          uintptr_t logits, int logits_dtype, uintptr_t embed, int embed_dtype, uintptr_t table,
          std::vector<uintptr_t> weights, uintptr_t scores, uintptr_t ranks, uintptr_t tokens, bool cuda,
          uintptr_t stream, uintptr_t workspace, uintptr_t counters) {
-        CorrectParams p = correct_params(sizes, hidden, hidden_dtype, ids, ids_dtype, logits, logits_dtype, embed,
+        ForwardParams p = forward_params(sizes, hidden, hidden_dtype, ids, ids_dtype, logits, logits_dtype, embed,
                                          embed_dtype, table, weights, scores, ranks, tokens);
         p.workspace = reinterpret_cast<float*>(workspace);
         p.counters = reinterpret_cast<int32_t*>(counters);
         p.stream = reinterpret_cast<void*>(stream);
-        run(p, cuda, cpu::correct, cuda::correct);
+        run(p, cuda, cpu::forward, cuda::forward);
       },
       py::arg("sizes"), py::arg("hidden"), py::arg("hidden_dtype"), py::arg("cand_ids"), py::arg("ids_dtype"),
       py::arg("cand_logits"), py::arg("logits_dtype"), py::arg("embed"), py::arg("embed_dtype"), py::arg("table"),
@@ -166,7 +166,7 @@ PYBIND11_MODULE(_C, m) {
   m.def(
       "cuda_workspace_sizes",
       [](std::vector<int64_t> sizes, bool table, bool scores) {
-        CorrectParams p = correct_params(sizes, 0, 0, 0, 0, 0, 0, 0, 0, table ? 1 : 0, {}, scores ? 1 : 0, 0, 0);
+        ForwardParams p = forward_params(sizes, 0, 0, 0, 0, 0, 0, 0, 0, table ? 1 : 0, {}, scores ? 1 : 0, 0, 0);
         return cuda::workspace_sizes(p);
       },
       py::arg("sizes"), py::arg("table"), py::arg("scores"));

@@ -46,7 +46,7 @@ __device__ constexpr bool compiled_for() {
 #endif
 
 template <Arch A>
-__device__ void run_tile(const CorrectParams& p, const Plan& l, int64_t t, char* smem) {
+__device__ void run_tile(const ForwardParams& p, const Plan& l, int64_t t, char* smem) {
   float* ws = p.workspace;
   int* counters = p.counters;
   if (t < l.stage1) {
@@ -77,7 +77,7 @@ __device__ void run_tile(const CorrectParams& p, const Plan& l, int64_t t, char*
 // Grid: plan.ctas CTAs of kThreads with plan.smem bytes of dynamic shared memory; counters zeroed. sms and
 // smem_cap: what the host planned with (plan_of).
 template <Arch A>
-__global__ void __launch_bounds__(kThreads) correct_kernel(CorrectParams p, int sms, int64_t smem_cap) {
+__global__ void __launch_bounds__(kThreads) forward_kernel(ForwardParams p, int sms, int64_t smem_cap) {
 #if defined(DCOCO_TENSOR_CORES)
   if constexpr (!compiled_for<A>()) {
     __trap();

@@ -71,7 +71,7 @@ __host__ __device__ inline int64_t fuse_smem(int64_t G, int64_t K, int64_t r, bo
 
 // sms: multiprocessors of the device (0: do not split d). cap: the dynamic shared memory one CTA may have, in
 // bytes (the device's opt-in maximum less the kernel's static shared memory): stage-2 groups shrink to fit it.
-__host__ __device__ inline Plan plan_of(const CorrectParams& p, int sms, int64_t cap) {
+__host__ __device__ inline Plan plan_of(const ForwardParams& p, int sms, int64_t cap) {
   Plan l{};
   const int64_t r = p.r, H = p.H, kblocks = cdiv(p.d, kBK);
   l.S = p.R * p.B, l.C = l.S * p.K, l.G = p.K <= kBM ? kBM / p.K : 1;

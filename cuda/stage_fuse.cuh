@@ -9,7 +9,7 @@
 namespace dcoco::cuda {
 
 template <class Mma>
-__device__ void fuse(const CorrectParams& p, const Plan& l, int64_t t, char* smem, float* ws, int* counters) {
+__device__ void fuse(const ForwardParams& p, const Plan& l, int64_t t, char* smem, float* ws, int* counters) {
   const int64_t K = p.K, r = p.r, H = p.H, in = 3 * r + 2;
   const int64_t group = t / l.g_nt, col0 = t % l.g_nt * kBN;
   const int64_t s0 = group * l.G, s1 = s0 + l.G < l.S ? s0 + l.G : l.S, ns = s1 - s0, rows = ns * K, c0 = s0 * K;

@@ -9,13 +9,13 @@ namespace dcoco::cuda {
 
 // Candidate c's id clamped into [0, V) for memory safety, and its logit, NaN when the id is out of range
 // so that it is never selected (ids are not checked on the host: that would sync).
-template <class Params>  // CorrectParams or GradParams<float>
+template <class Params>  // ForwardParams or GradParams<float>
 __device__ inline int64_t cand_id(const Params& p, int64_t c) {
   const int64_t id = load_id(p.cand_ids, p.ids_dtype, c);
   return id < 0 || id >= p.V ? 0 : id;
 }
 
-__device__ inline float cand_logit(const CorrectParams& p, int64_t c) {
+__device__ inline float cand_logit(const ForwardParams& p, int64_t c) {
   const int64_t id = load_id(p.cand_ids, p.ids_dtype, c);
   return id < 0 || id >= p.V ? __int_as_float(0x7fc00000) : load_float(p.cand_logits, p.logits_dtype, c);
 }
@@ -27,7 +27,7 @@ struct ProjectTile {
   int64_t M, N;                   // problem shape (rows, columns)
 };
 
-__device__ inline ProjectTile project_tile_of(const CorrectParams& p, const Plan& l, int64_t t) {
+__device__ inline ProjectTile project_tile_of(const ForwardParams& p, const Plan& l, int64_t t) {
   ProjectTile x{};
   const int64_t slot_tiles = l.s_mt * l.s_nt * l.ksplit;
   x.slots = t < slot_tiles;
@@ -39,7 +39,7 @@ __device__ inline ProjectTile project_tile_of(const CorrectParams& p, const Plan
 }
 
 template <class Mma>
-__device__ void project(const CorrectParams& p, const Plan& l, const ProjectTile& x, char* smem, float* ws,
+__device__ void project(const ForwardParams& p, const Plan& l, const ProjectTile& x, char* smem, float* ws,
                         int* counters) {
   const int64_t d = p.d, r = p.r, row0 = x.m * kBM, col0 = x.n * kBN;
   // element offsets of the tile's A rows and float pointers of its B rows, looked up once

@@ -6,25 +6,25 @@
 namespace dcoco::cuda {
 
 // Waits for every stage-2 tile of request q's slots.
-__device__ inline void wait_request(const CorrectParams& p, const Plan& l, int64_t q, int* counters) {
+__device__ inline void wait_request(const ForwardParams& p, const Plan& l, int64_t q, int* counters) {
   const int64_t s0 = q * p.B;
   for (int64_t g = s0 / l.G; g <= (s0 + p.B - 1) / l.G; ++g) wait_for(counters + l.group_done + g, l.g_nt);
 }
 
 // u (H) of the transition from slot s to s+1.
-__device__ inline void pair_term(const CorrectParams& p, const Plan& l, const float* ws, int64_t s, float* u) {
+__device__ inline void pair_term(const ForwardParams& p, const Plan& l, const float* ws, int64_t s, float* u) {
   const int64_t H = p.H;
   for (int64_t h = threadIdx.x; h < H; h += kThreads)
     u[h] = ws[l.pq + s * 2 * H + h] + ws[l.pq + (s + 1) * 2 * H + H + h] + p.w.b1[h];
 }
 
 // The grid stage 3 writes: the wanted scores, or the workspace's copy the walk reads.
-__device__ inline float* grid_of(const CorrectParams& p, const Plan& l, float* ws) {
+__device__ inline float* grid_of(const ForwardParams& p, const Plan& l, float* ws) {
   return p.scores ? p.scores : ws + l.gridw;
 }
 
 // Tile t: predecessors [a0, a0 + l.rows) of one transition, against all K successors.
-__device__ void score_tile(const CorrectParams& p, const Plan& l, int64_t t, char* smem, float* ws, int* counters) {
+__device__ void score_tile(const ForwardParams& p, const Plan& l, int64_t t, char* smem, float* ws, int* counters) {
   const int64_t K = p.K, H = p.H, tt = t / l.chunks, a0 = t % l.chunks * l.rows;
   const int64_t q = tt / (p.B - 1), s = transition_slot(tt, p.B), n = (K - a0 < l.rows ? K - a0 : l.rows) * K;
   wait_request(p, l, q, counters);
@@ -40,7 +40,7 @@ __device__ void score_tile(const CorrectParams& p, const Plan& l, int64_t t, cha
   arrive(counters + l.grid_done + q);
 }
 
-__device__ void walk_tile(const CorrectParams& p, const Plan& l, int64_t q, char* smem, float* ws, int* counters) {
+__device__ void walk_tile(const ForwardParams& p, const Plan& l, int64_t q, char* smem, float* ws, int* counters) {
   const int64_t B = p.B, K = p.K, H = p.H, s0 = q * B;
   const int tid = threadIdx.x;
   float* u = reinterpret_cast<float*>(smem);  // (B-1,H), or the request's grid (B-1,K,K)

@@ -3,7 +3,7 @@ built_with_cuda: bool
 cutlass_version: str
 cuda_archs: str  # the archs compiled in, e.g. "80,90a,100a"; "" without CUDA
 def cuda_status() -> tuple[int, str]: ...
-def correct(sizes: list[int], hidden: int, hidden_dtype: int, cand_ids: int, ids_dtype: int, cand_logits: int,
+def forward(sizes: list[int], hidden: int, hidden_dtype: int, cand_ids: int, ids_dtype: int, cand_logits: int,
             logits_dtype: int, embed: int, embed_dtype: int, table: int, weights: list[int], scores: int,
             ranks: int, tokens: int, cuda: bool = False, stream: int = 0, workspace: int = 0,
             counters: int = 0) -> None: ...

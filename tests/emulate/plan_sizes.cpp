@@ -8,7 +8,7 @@
 #include <iostream>
 
 int main() {
-  dcoco::CorrectParams p;
+  dcoco::ForwardParams p;
   long R, B, K, d, r, H, sms, cap;
   int table, scores, ranks;
   static float dummy;

@@ -1,4 +1,4 @@
-// Runs the fused forward through its real host launcher (cuda/correct.cu: dispatch, plan, launch) under
+// Runs the fused forward through its real host launcher (cuda/forward.cu: dispatch, plan, launch) under
 // tests/emulate/cuda_emulation.h, on a fake device, on inputs written by tests/ops/test_cuda_emulated.py: argv[1] is a
 // folder with meta.txt and raw .bin arrays; outputs go there. DCOCO_CUDA_PATH picks the path, as on a GPU; built
 // with -DDCOCO_EMULATE_MMA the tensor-core paths run their instructions' emulation (tensor_cores.h).
@@ -9,7 +9,7 @@
 #if defined(DCOCO_EMULATE_MMA)
 #include "tensor_cores.h"
 #endif
-#include "correct.cu"
+#include "forward.cu"
 #if defined(DCOCO_EMULATE_MMA)
 #include "device.cu"  // needs CUTLASS's version header, which only the tensor-core build has on its path
 #endif
@@ -26,7 +26,7 @@ using namespace dcoco;
 int main(int argc, char** argv) {
   if (argc != 2) return 2;
   const std::string dir = argv[1];
-  CorrectParams p;
+  ForwardParams p;
   Inputs in(dir, p);
   int has_table, want_scores;
   int64_t launch;  // 0: the launcher's plan; else launch the SIMT kernel directly with these bytes (the guard test)
@@ -49,9 +49,9 @@ int main(int argc, char** argv) {
     p.workspace = workspace.data(), p.counters = counters.data();
     if (launch)
       emu::launch(dim3(unsigned(plan.ctas)), dim3(dcoco::cuda::kThreads), size_t(launch),
-                  [&] { dcoco::cuda::correct_kernel<Arch::simt>(p, dev.sms, cap); });
+                  [&] { dcoco::cuda::forward_kernel<Arch::simt>(p, dev.sms, cap); });
     else
-      dcoco::cuda::correct(p);
+      dcoco::cuda::forward(p);
     std::printf("path %s\n", launch ? "simt" : dcoco::cuda::cuda_path().c_str());
 #if defined(DCOCO_EMULATE_MMA)
     const auto [devices, name] = dcoco::cuda::status();

@@ -24,7 +24,7 @@ struct WeightsOf {
 using Weights = WeightsOf<float>;
 
 // Score and/or walk one batch of drafted blocks.
-struct CorrectParams {
+struct ForwardParams {
   int64_t R = 0, B = 0, K = 0;  // requests, drafted slots, candidates per slot
   int64_t d = 0, V = 0;         // hidden width, vocabulary rows
   int64_t r = 0, H = 0;         // corrector width, MLP hidden

@@ -105,7 +105,7 @@ def _run_core(hidden, cand_ids, cand_logits, embed, weights, table, sizes, score
         return {"workspace": torch.empty(floats, dtype=torch.float32, device=dev),
                 "counters": torch.zeros(ints, dtype=torch.int32, device=dev)}
 
-    _launch("score" if ranks is None else "correct", _C.correct, dev, *args, workspace=workspace)
+    _launch("score" if ranks is None else "correct", _C.forward, dev, *args, workspace=workspace)
 
 
 # --- score -----------------------------------------------------------------------------------------
