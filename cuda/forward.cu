@@ -114,7 +114,7 @@ std::string cuda_path() { return arch_name(current_launch().path); }
 
 std::pair<int64_t, int64_t> workspace_sizes(const ForwardParams& p) {
   const Plan l = fitting_plan(p, current_launch());
-  return {l.floats, l.ints};
+  return {l.workspace_floats, l.counter_ints};
 }
 
 void forward(const ForwardParams& p) {

@@ -44,7 +44,8 @@ int main(int argc, char** argv) {
   std::vector<float> workspace;
   std::vector<int32_t> counters;
   try {
-    const auto [floats, ints] = launch ? std::pair(plan.floats, plan.ints) : dcoco::cuda::workspace_sizes(p);
+    const auto [floats, ints] =
+        launch ? std::pair(plan.workspace_floats, plan.counter_ints) : dcoco::cuda::workspace_sizes(p);
     workspace.assign(floats, __int_as_float(0x7fc00000)), counters.assign(ints, 0);
     p.workspace = workspace.data(), p.counters = counters.data();
     if (launch)
@@ -67,12 +68,13 @@ int main(int argc, char** argv) {
   }
   if (counters[plan.ticket] != plan.ctas) return 3;  // every CTA took exactly one ticket
   for (int64_t g = 0; g < plan.groups; ++g)
-    if (counters[plan.group_done + g] != plan.g_nt) return 4;  // every stage-2 tile arrived
-  for (int64_t q = 0; q < p.R && plan.grid; ++q)  // every grid tile of the request arrived
-    if (counters[plan.grid_done + q] != (p.B - 1) * plan.chunks) return 4;
-  std::printf("ksplit %ld G %ld smem %ld stage tiles %ld %ld %ld %ld walk %s\n", long(plan.ksplit), long(plan.G),
-              long(plan.smem), long(plan.stage1), long(plan.stage2), long(plan.stage3), long(plan.stage4),
-              !plan.grid ? "rows" : plan.smem_grid ? "grid-smem" : "grid");
+    if (counters[plan.group_done + g] != plan.fuse_col_tiles) return 4;  // every stage-2 tile arrived
+  for (int64_t q = 0; q < p.R && plan.has_grid; ++q)  // every grid tile of the request arrived
+    if (counters[plan.grid_done + q] != (p.B - 1) * plan.tiles_per_transition) return 4;
+  std::printf("ksplit %ld G %ld smem %ld stage tiles %ld %ld %ld %ld walk %s\n", long(plan.k_splits),
+              long(plan.group_slots), long(plan.smem), long(plan.project_tiles), long(plan.fuse_tiles),
+              long(plan.score_tiles), long(plan.walk_tiles),
+              !plan.has_grid ? "rows" : plan.grid_in_smem ? "grid-smem" : "grid");
   if (want_scores) write_file(dir + "/scores.bin", scores.data(), scores.size());
   write_file(dir + "/ranks.bin", ranks.data(), ranks.size());
   write_file(dir + "/tokens.bin", tokens.data(), tokens.size());
