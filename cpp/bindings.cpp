@@ -10,6 +10,7 @@
 
 #include "dcoco/api.h"
 #include "dcoco/dispatch.h"
+#include "dcoco/math.h"
 
 namespace py = pybind11;
 using namespace dcoco;

@@ -15,7 +15,9 @@
 // A tile waits only on counters of tiles with lower tickets, which have started and never wait on it,
 // so any grid of CTAs is deadlock-free; no result depends on which CTA ran a tile: deterministic.
 #pragma once
+#include "dcoco/math.h"
 #include "dcoco/params.h"
+#include "dcoco/walk.h"
 
 // Dynamic shared memory (the CPU emulation of the kernels declares a per-block buffer instead).
 #ifndef DCOCO_DYNAMIC_SMEM

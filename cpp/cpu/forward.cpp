@@ -11,6 +11,7 @@
 #include "dcoco/api.h"
 #include "common.h"
 #include "dcoco/select.h"
+#include "dcoco/walk.h"
 #include "kernels.h"
 
 namespace dcoco::cpu {

@@ -3,9 +3,11 @@
 #pragma once
 #include <cstdint>
 
-#include "dcoco/math.h"
+#include "dcoco/dtype.h"
 
 namespace dcoco {
+
+constexpr int kMaxCandidates = 64;  // compiled maximum K (walk scratch lives in registers/smem)
 
 // Corrector weights in nn.Linear layout (out,in); float32 for inference, T for training.
 template <class T>
