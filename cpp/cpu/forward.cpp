@@ -10,7 +10,7 @@
 
 #include "dcoco/api.h"
 #include "common.h"
-#include "dcoco/select.h"
+#include "select.h"
 #include "dcoco/walk.h"
 #include "kernels.h"
 

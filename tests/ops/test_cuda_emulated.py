@@ -53,9 +53,9 @@ def build(tmp_path_factory, name: str, mma: bool = False) -> Path:
     exe = folder / (name + "-mma" if mma else name)
     flags = os.environ.get("DCOCO_EMU_FLAGS", "-O2").split()
     extra = ["-DDCOCO_EMULATE_MMA", cutlass_include(), "-Wno-deprecated-declarations"] if mma else []
-    subprocess.run([cxx, "-std=c++20", *flags, *extra, "-pthread", f"-I{ROOT / 'tests/emulate'}", f"-I{ROOT / 'cuda'}",
-                    f"-I{ROOT / 'cpp/include'}", *toolkit_includes(), str(ROOT / f"tests/emulate/{name}.cpp"),
-                    "-o", str(exe)], check=True, cwd=folder)
+    includes = [f"-I{ROOT / inc}" for inc in ("tests/emulate", "cuda", "cpp/include", "cpp/shared")]
+    subprocess.run([cxx, "-std=c++20", *flags, *extra, "-pthread", *includes, *toolkit_includes(),
+                    str(ROOT / f"tests/emulate/{name}.cpp"), "-o", str(exe)], check=True, cwd=folder)
     return exe
 
 
