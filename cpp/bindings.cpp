@@ -30,6 +30,27 @@ WeightsOf<T> weights_from(const std::vector<uintptr_t>& a) {
           ptr<T>(a[5]), ptr<T>(a[6]), ptr<T>(a[7]), ptr<T>(a[8]), ptr<T>(a[9])};
 }
 
+// The dtype and rule codes Python passes, checked against the enums (exported as _C.DType and _C.Rule).
+DType float_dtype(int code, const char* name) {
+  const auto t = DType(code);
+  if (t == DType::f32 || t == DType::bf16 || t == DType::f16 || t == DType::f64) return t;
+  throw std::invalid_argument(std::string(name) + ": expected the code of a float dtype (dcoco._C.DType float32, " +
+                              "bfloat16, float16 or float64), got " + std::to_string(code));
+}
+
+DType id_dtype(int code, const char* name) {
+  const auto t = DType(code);
+  if (t == DType::i32 || t == DType::i64) return t;
+  throw std::invalid_argument(std::string(name) + ": expected the code of an id dtype (dcoco._C.DType int32 or " +
+                              "int64), got " + std::to_string(code));
+}
+
+Rule rule_of(int code) {
+  if (code >= int(Rule::greedy) && code <= int(Rule::geometric)) return Rule(code);
+  throw std::invalid_argument("rule: expected a dcoco._C.Rule code (greedy, global or geometric), got " +
+                              std::to_string(code));
+}
+
 // Sizes (R, B, K, d, V, r, H) into p.
 template <class Params>
 void set_sizes(Params& p, const std::vector<int64_t>& sizes) {
@@ -42,10 +63,10 @@ template <class Params>
 void set_inputs(Params& p, const std::vector<int64_t>& sizes, uintptr_t hidden, int hidden_dtype, uintptr_t ids,
                 int ids_dtype, uintptr_t logits, int logits_dtype, uintptr_t embed, int embed_dtype) {
   set_sizes(p, sizes);
-  p.hidden = ptr<void>(hidden), p.hidden_dtype = DType(hidden_dtype);
-  p.cand_ids = ptr<void>(ids), p.ids_dtype = DType(ids_dtype);
-  p.cand_logits = ptr<void>(logits), p.logits_dtype = DType(logits_dtype);
-  p.embed = ptr<void>(embed), p.embed_dtype = DType(embed_dtype);
+  p.hidden = ptr<void>(hidden), p.hidden_dtype = float_dtype(hidden_dtype, "hidden_dtype");
+  p.cand_ids = ptr<void>(ids), p.ids_dtype = id_dtype(ids_dtype, "ids_dtype");
+  p.cand_logits = ptr<void>(logits), p.logits_dtype = float_dtype(logits_dtype, "logits_dtype");
+  p.embed = ptr<void>(embed), p.embed_dtype = float_dtype(embed_dtype, "embed_dtype");
 }
 
 // The training path's params in precision T.
@@ -91,6 +112,18 @@ void run(const Params& p, bool cuda, void (*on_cpu)(const Params&), void (*on_cu
 PYBIND11_MODULE(_C, m) {
   m.doc() = "dcoco compiled core (torch-free)";
   m.attr("MAX_CANDIDATES") = kMaxCandidates;
+  // the codes of the dtype and rule arguments, named as Python names them (dcoco.ops.fused checks its own at import)
+  py::enum_<DType>(m, "DType")
+      .value("float32", DType::f32)
+      .value("bfloat16", DType::bf16)
+      .value("float16", DType::f16)
+      .value("int32", DType::i32)
+      .value("int64", DType::i64)
+      .value("float64", DType::f64);
+  py::enum_<Rule>(m, "Rule")
+      .value("greedy", Rule::greedy)
+      .value("global", Rule::global)
+      .value("geometric", Rule::geometric);
   m.attr("built_with_cuda") = cuda::built();
   m.attr("cutlass_version") = cuda::cutlass_version();
 #ifdef DCOCO_CUDA_ARCHS_BUILT
@@ -167,7 +200,10 @@ PYBIND11_MODULE(_C, m) {
   m.def(
       "cuda_workspace_sizes",
       [](std::vector<int64_t> sizes, bool table, bool scores) {
-        ForwardParams p = forward_params(sizes, 0, 0, 0, 0, 0, 0, 0, 0, table ? 1 : 0, {}, scores ? 1 : 0, 0, 0);
+        ForwardParams p;  // the plan reads the sizes and which outputs and inputs are given, no data
+        set_sizes(p, sizes);
+        p.table = table ? ptr<float>(1) : nullptr;
+        p.scores = scores ? reinterpret_cast<float*>(1) : nullptr;
         return cuda::workspace_sizes(p);
       },
       py::arg("sizes"), py::arg("table"), py::arg("scores"));
@@ -177,7 +213,7 @@ PYBIND11_MODULE(_C, m) {
          uintptr_t table, bool cuda, uintptr_t stream) {
         CandTableParams p;
         p.V = V, p.d = d, p.r = r;
-        p.embed = ptr<void>(embed), p.embed_dtype = DType(embed_dtype);
+        p.embed = ptr<void>(embed), p.embed_dtype = float_dtype(embed_dtype, "embed_dtype");
         p.cand_proj = ptr<float>(cand_proj), p.fuse_proj = ptr<float>(fuse_proj);
         p.table = reinterpret_cast<float*>(table);
         p.stream = reinterpret_cast<void*>(stream);
@@ -192,8 +228,8 @@ PYBIND11_MODULE(_C, m) {
         SelectParams p;
         p.R = R, p.B = B, p.K = K;
         p.scores = ptr<float>(scores);
-        p.first_logits = ptr<void>(first), p.first_dtype = DType(first_dtype);
-        p.rule = Rule(rule), p.lam = lam;
+        p.first_logits = ptr<void>(first), p.first_dtype = float_dtype(first_dtype, "first_dtype");
+        p.rule = rule_of(rule), p.lam = lam;
         p.work = reinterpret_cast<float*>(work);
         p.next = reinterpret_cast<int32_t*>(next);
         p.ranks = reinterpret_cast<int64_t*>(ranks);
