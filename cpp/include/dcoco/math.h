@@ -111,6 +111,19 @@ DCOCO_HD T transition_score(const T* u, const T* a, const T* b, const T* w2, int
 // The slot p (global index over R B) of transition t = (request, p); B drafted slots per request.
 DCOCO_HD int64_t transition_slot(int64_t t, int64_t B) { return t / (B - 1) * B + t % (B - 1); }
 
+// The direct part of dL/dl for candidate c (an index over R B K): l_{p+1}(b) enters S_p(., b) as itself, so the
+// candidate of rank b in slot p+1 gets column b of transition p's dL/dS (B drafted slots, K candidates, grad
+// (R,B-1,K,K)); a request's first slot gets none. The rest of dL/dl comes through w_la and w_lb (the pred and succ
+// terms), which the callers add.
+template <class T>
+DCOCO_HD T logit_grad_direct(const T* grad, int64_t c, int64_t B, int64_t K) {
+  const int64_t slot = c / K % B, k = c % K, t = c / (K * B) * (B - 1) + slot - 1;
+  T dl = 0;
+  if (slot > 0)
+    for (int64_t a = 0; a < K; ++a) dl += grad[(t * K + a) * K + k];
+  return dl;
+}
+
 // The backward of one MLP unit j of S(a,b): with x = u_j + a_j + b_j and g = dL/dS(a,b), adds g gelu(x) to
 // dL/dw2_j and returns dL/dx = g w2_j gelu'(x) (shared by u_j, pred_a and succ_b).
 template <class T>
