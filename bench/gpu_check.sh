@@ -9,7 +9,7 @@ STEPS=(wheel build env tests hook sanitizer bench report)
 declare -A T=(
   [wheel]=5        # CUTLASS headers from the carried wheel
   [build]=130      # dcoco for this GPU's arch alone (sm_90a on an H200), on every core: one arch took 144 s
-                   # on 2 busy cores, 105 s of it cuda/correct.cu alone, so nvcc --split-compile spreads that file
+                   # on 2 busy cores, 105 s of it cuda/forward.cu alone, so nvcc --split-compile spreads that file
   [env]=10         # $OUT/env.json: the GPU, torch, dcoco.build_info(); the fused path must load
   [tests]=60       # tests/ops/test_cuda.py + test_select.py on CUDA, each test under both backends, vs the reference
   [hook]=35        # bench/gpu_hook.py: the plugin's hook eager and replayed in a CUDA graph, both backends,

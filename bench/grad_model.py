@@ -6,7 +6,7 @@ Three designs at one training shape (R anchors x B slots x K candidates, fp32 we
           over all rows, serial column sums, b2 summed by one thread);
   new     the GEMM-shaped backward (tile_gemm<SimtMma> with loaders/epilogues; weight gradients split over row
           spans with ordered partial reductions; column sums as block reductions);
-  forward the fused forward dcoco.score runs (cuda/fused_correct.cuh stages 1-3: projections, fuse, the grid; no
+  forward the fused forward dcoco.score runs (cuda/fused_forward.cuh stages 1-3: projections, fuse, the grid; no
           table, no walk), its tile counts from cuda/plan.cuh's plan_of; 16-bit inputs take the tensor cores.
 
 Per kernel: DRAM bytes two ways, and the roofline time
@@ -183,7 +183,7 @@ def new() -> list[dict]:
 
 # ------------------------------------------------------------------------------------------------------ forward
 def forward() -> list[dict]:
-    """cuda/fused_correct.cuh, one launch; tiles by cuda/plan.cuh plan_of (sms = 132, no table, scores, no walk)."""
+    """cuda/fused_forward.cuh, one launch; tiles by cuda/plan.cuh plan_of (sms = 132, no table, scores, no walk)."""
     s_mt, s_nt, c_mt, c_nt = cdiv(S, KBM), cdiv(3 * r, KBN), cdiv(C, KBM), cdiv(r, KBN)
     kblocks, tiles = cdiv(d, KBK), s_mt * s_nt + c_mt * c_nt
     want = min(cdiv(2 * GPU["sms"], tiles), max(kblocks // 4, 1))

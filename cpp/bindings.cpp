@@ -10,6 +10,7 @@
 
 #include "dcoco/api.h"
 #include "dcoco/dispatch.h"
+#include "dcoco/math.h"
 
 namespace py = pybind11;
 using namespace dcoco;
@@ -29,6 +30,27 @@ WeightsOf<T> weights_from(const std::vector<uintptr_t>& a) {
           ptr<T>(a[5]), ptr<T>(a[6]), ptr<T>(a[7]), ptr<T>(a[8]), ptr<T>(a[9])};
 }
 
+// The dtype and rule codes Python passes, checked against the enums (exported as _C.DType and _C.Rule).
+DType float_dtype(int code, const char* name) {
+  const auto t = DType(code);
+  if (t == DType::f32 || t == DType::bf16 || t == DType::f16 || t == DType::f64) return t;
+  throw std::invalid_argument(std::string(name) + ": expected the code of a float dtype (dcoco._C.DType float32, " +
+                              "bfloat16, float16 or float64), got " + std::to_string(code));
+}
+
+DType id_dtype(int code, const char* name) {
+  const auto t = DType(code);
+  if (t == DType::i32 || t == DType::i64) return t;
+  throw std::invalid_argument(std::string(name) + ": expected the code of an id dtype (dcoco._C.DType int32 or " +
+                              "int64), got " + std::to_string(code));
+}
+
+Rule rule_of(int code) {
+  if (code >= int(Rule::greedy) && code <= int(Rule::geometric)) return Rule(code);
+  throw std::invalid_argument("rule: expected a dcoco._C.Rule code (greedy, global or geometric), got " +
+                              std::to_string(code));
+}
+
 // Sizes (R, B, K, d, V, r, H) into p.
 template <class Params>
 void set_sizes(Params& p, const std::vector<int64_t>& sizes) {
@@ -36,15 +58,15 @@ void set_sizes(Params& p, const std::vector<int64_t>& sizes) {
   p.R = sizes[0], p.B = sizes[1], p.K = sizes[2], p.d = sizes[3], p.V = sizes[4], p.r = sizes[5], p.H = sizes[6];
 }
 
-// The corrector's inputs, shared by CorrectParams and GradParams: sizes, then (pointer, dtype code) pairs.
+// The corrector's inputs, shared by ForwardParams and GradParams: sizes, then (pointer, dtype code) pairs.
 template <class Params>
 void set_inputs(Params& p, const std::vector<int64_t>& sizes, uintptr_t hidden, int hidden_dtype, uintptr_t ids,
                 int ids_dtype, uintptr_t logits, int logits_dtype, uintptr_t embed, int embed_dtype) {
   set_sizes(p, sizes);
-  p.hidden = ptr<void>(hidden), p.hidden_dtype = DType(hidden_dtype);
-  p.cand_ids = ptr<void>(ids), p.ids_dtype = DType(ids_dtype);
-  p.cand_logits = ptr<void>(logits), p.logits_dtype = DType(logits_dtype);
-  p.embed = ptr<void>(embed), p.embed_dtype = DType(embed_dtype);
+  p.hidden = ptr<void>(hidden), p.hidden_dtype = float_dtype(hidden_dtype, "hidden_dtype");
+  p.cand_ids = ptr<void>(ids), p.ids_dtype = id_dtype(ids_dtype, "ids_dtype");
+  p.cand_logits = ptr<void>(logits), p.logits_dtype = float_dtype(logits_dtype, "logits_dtype");
+  p.embed = ptr<void>(embed), p.embed_dtype = float_dtype(embed_dtype, "embed_dtype");
 }
 
 // The training path's params in precision T.
@@ -65,11 +87,11 @@ GradParams<T> grad_params(const std::vector<int64_t>& sizes, uintptr_t hidden, i
   return p;
 }
 
-CorrectParams correct_params(const std::vector<int64_t>& sizes, uintptr_t hidden, int hidden_dtype, uintptr_t ids,
+ForwardParams forward_params(const std::vector<int64_t>& sizes, uintptr_t hidden, int hidden_dtype, uintptr_t ids,
                              int ids_dtype, uintptr_t logits, int logits_dtype, uintptr_t embed, int embed_dtype,
                              uintptr_t table, const std::vector<uintptr_t>& weights, uintptr_t scores,
                              uintptr_t ranks, uintptr_t tokens) {
-  CorrectParams p;
+  ForwardParams p;
   set_inputs(p, sizes, hidden, hidden_dtype, ids, ids_dtype, logits, logits_dtype, embed, embed_dtype);
   p.table = ptr<float>(table);
   p.w = weights_from(weights);
@@ -90,6 +112,18 @@ void run(const Params& p, bool cuda, void (*on_cpu)(const Params&), void (*on_cu
 PYBIND11_MODULE(_C, m) {
   m.doc() = "dcoco compiled core (torch-free)";
   m.attr("MAX_CANDIDATES") = kMaxCandidates;
+  // the codes of the dtype and rule arguments, named as Python names them (dcoco.ops.fused checks its own at import)
+  py::enum_<DType>(m, "DType")
+      .value("float32", DType::f32)
+      .value("bfloat16", DType::bf16)
+      .value("float16", DType::f16)
+      .value("int32", DType::i32)
+      .value("int64", DType::i64)
+      .value("float64", DType::f64);
+  py::enum_<Rule>(m, "Rule")
+      .value("greedy", Rule::greedy)
+      .value("global", Rule::global)
+      .value("geometric", Rule::geometric);
   m.attr("built_with_cuda") = cuda::built();
   m.attr("cutlass_version") = cuda::cutlass_version();
 #ifdef DCOCO_CUDA_ARCHS_BUILT
@@ -147,17 +181,17 @@ PYBIND11_MODULE(_C, m) {
       },
       py::arg("sizes"));
   m.def(
-      "correct",
+      "forward",
       [](std::vector<int64_t> sizes, uintptr_t hidden, int hidden_dtype, uintptr_t ids, int ids_dtype,
          uintptr_t logits, int logits_dtype, uintptr_t embed, int embed_dtype, uintptr_t table,
          std::vector<uintptr_t> weights, uintptr_t scores, uintptr_t ranks, uintptr_t tokens, bool cuda,
          uintptr_t stream, uintptr_t workspace, uintptr_t counters) {
-        CorrectParams p = correct_params(sizes, hidden, hidden_dtype, ids, ids_dtype, logits, logits_dtype, embed,
+        ForwardParams p = forward_params(sizes, hidden, hidden_dtype, ids, ids_dtype, logits, logits_dtype, embed,
                                          embed_dtype, table, weights, scores, ranks, tokens);
         p.workspace = reinterpret_cast<float*>(workspace);
         p.counters = reinterpret_cast<int32_t*>(counters);
         p.stream = reinterpret_cast<void*>(stream);
-        run(p, cuda, cpu::correct, cuda::correct);
+        run(p, cuda, cpu::forward, cuda::forward);
       },
       py::arg("sizes"), py::arg("hidden"), py::arg("hidden_dtype"), py::arg("cand_ids"), py::arg("ids_dtype"),
       py::arg("cand_logits"), py::arg("logits_dtype"), py::arg("embed"), py::arg("embed_dtype"), py::arg("table"),
@@ -166,7 +200,10 @@ PYBIND11_MODULE(_C, m) {
   m.def(
       "cuda_workspace_sizes",
       [](std::vector<int64_t> sizes, bool table, bool scores) {
-        CorrectParams p = correct_params(sizes, 0, 0, 0, 0, 0, 0, 0, 0, table ? 1 : 0, {}, scores ? 1 : 0, 0, 0);
+        ForwardParams p;  // the plan reads the sizes and which outputs and inputs are given, no data
+        set_sizes(p, sizes);
+        p.table = table ? ptr<float>(1) : nullptr;
+        p.scores = scores ? reinterpret_cast<float*>(1) : nullptr;
         return cuda::workspace_sizes(p);
       },
       py::arg("sizes"), py::arg("table"), py::arg("scores"));
@@ -176,7 +213,7 @@ PYBIND11_MODULE(_C, m) {
          uintptr_t table, bool cuda, uintptr_t stream) {
         CandTableParams p;
         p.V = V, p.d = d, p.r = r;
-        p.embed = ptr<void>(embed), p.embed_dtype = DType(embed_dtype);
+        p.embed = ptr<void>(embed), p.embed_dtype = float_dtype(embed_dtype, "embed_dtype");
         p.cand_proj = ptr<float>(cand_proj), p.fuse_proj = ptr<float>(fuse_proj);
         p.table = reinterpret_cast<float*>(table);
         p.stream = reinterpret_cast<void*>(stream);
@@ -191,8 +228,8 @@ PYBIND11_MODULE(_C, m) {
         SelectParams p;
         p.R = R, p.B = B, p.K = K;
         p.scores = ptr<float>(scores);
-        p.first_logits = ptr<void>(first), p.first_dtype = DType(first_dtype);
-        p.rule = Rule(rule), p.lam = lam;
+        p.first_logits = ptr<void>(first), p.first_dtype = float_dtype(first_dtype, "first_dtype");
+        p.rule = rule_of(rule), p.lam = lam;
         p.work = reinterpret_cast<float*>(work);
         p.next = reinterpret_cast<int32_t*>(next);
         p.ranks = reinterpret_cast<int64_t*>(ranks);

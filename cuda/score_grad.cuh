@@ -337,10 +337,8 @@ __global__ void __launch_bounds__(kThreads) ln_z_grad_kernel(GradParams<float> p
   float* ws = p.workspace;
   float* x = ws + l.dzc + c * r;
   layer_norm_grad(ws + l.zhat + c * r, ws[l.inv_z + c], x, x, int(r));
-  const int64_t slot = c / K % B, k = c % K, t_prev = c / (K * B) * (B - 1) + slot - 1;
-  float dl = 0.f;
-  if (slot > 0)
-    for (int64_t a = 0; a < K; ++a) dl += p.grad[(t_prev * K + a) * K + k];
+  const int64_t slot = c / K % B;
+  float dl = logit_grad_direct(p.grad, c, B, K);
   if (slot + 1 < B) dl += ws[l.dlp + c];
   if (slot > 0) dl += ws[l.dls + c];
   p.d_logits[c] = dl;

@@ -4,7 +4,7 @@
 
 #include "check.cuh"
 #include "dcoco/api.h"
-#include "dcoco/select.h"
+#include "select.h"
 
 namespace dcoco::cuda {
 namespace {

@@ -1,7 +1,7 @@
 // Tensor-core MMA policy for sm_100a: tcgen05.mma (CuTe UMMA atoms) from shared memory into tensor memory,
 // issued by one warp and completed through an mbarrier; the epilogue reads the accumulators back with
 // tcgen05.ld. UMMA's M is 128 for one CTA: rows kBM..127 of A stay zero (this path is bound by memory
-// and latency, not by MMA rate). Same 16-bit planes as sm80_mma.cuh.
+// and latency, not by MMA rate). Same 16-bit planes as plane_mma.cuh.
 #pragma once
 #include <cute/tensor.hpp>
 #include <cute/atom/mma_atom.hpp>
@@ -9,7 +9,7 @@
 #include <cute/arch/tmem_allocator_sm100.hpp>
 #include <cutlass/arch/barrier.h>
 
-#include "sm80_mma.cuh"
+#include "plane_mma.cuh"
 
 namespace dcoco::cuda {
 

@@ -1,11 +1,11 @@
 // Tensor-core MMA policy for sm_90a: wgmma (CuTe GMMA atoms) reading both operands from shared memory in
-// the 64-byte-swizzled K-major layout; two warpgroups split the kBN columns. Same planes as sm80_mma.cuh.
+// the 64-byte-swizzled K-major layout; two warpgroups split the kBN columns. Same planes as plane_mma.cuh.
 #pragma once
 #include <cute/tensor.hpp>
 #include <cute/atom/mma_atom.hpp>
 #include <cutlass/arch/barrier.h>
 
-#include "sm80_mma.cuh"
+#include "plane_mma.cuh"
 
 namespace dcoco::cuda {
 

@@ -9,29 +9,33 @@
 namespace dcoco::cuda {
 
 template <class Mma>
-__device__ void fuse(const CorrectParams& p, const Plan& l, int64_t t, char* smem, float* ws, int* counters) {
+__device__ void fuse(const ForwardParams& p, const Plan& l, int64_t t, char* smem, float* ws, int* counters) {
   const int64_t K = p.K, r = p.r, H = p.H, in = 3 * r + 2;
-  const int64_t group = t / l.g_nt, col0 = t % l.g_nt * kBN;
-  const int64_t s0 = group * l.G, s1 = s0 + l.G < l.S ? s0 + l.G : l.S, ns = s1 - s0, rows = ns * K, c0 = s0 * K;
+  const int64_t group = t / l.fuse_col_tiles, col0 = t % l.fuse_col_tiles * kBN;
+  const int64_t G = l.group_slots, s0 = group * G, s1 = s0 + G < l.S ? s0 + G : l.S, ns = s1 - s0, rows = ns * K;
+  const int64_t c0 = s0 * K;
   const int tid = threadIdx.x;
   const Weights& w = p.w;
-  for (int64_t m = s0 / kBM; m <= (s1 - 1) / kBM; ++m) wait_for(counters + l.slot_done + m, l.s_nt * l.ksplit);
+  for (int64_t m = s0 / kBM; m <= (s1 - 1) / kBM; ++m)
+    wait_for(counters + l.slot_done + m, l.slot_col_tiles * l.k_splits);
   if (!p.table)
     for (int64_t m = c0 / kBM; m <= (c0 + rows - 1) / kBM; ++m)
-      wait_for(counters + l.cand_done + m, l.c_nt * l.ksplit);
+      wait_for(counters + l.cand_done + m, l.cand_col_tiles * l.k_splits);
   auto at = [&](int64_t offset) { return reinterpret_cast<float*>(smem + offset); };
-  float *z = at(l.fz), *c = at(l.fc), *g = at(l.fg), *gf = at(l.fgf), *P = at(l.fp), *Q = at(l.fq);
+  float *z = at(l.fuse_z), *c = at(l.fuse_c), *g = at(l.fuse_g), *gf = at(l.fuse_gf);
+  float *P = at(l.fuse_p), *Q = at(l.fuse_q);
 
   for (int64_t j = tid; j < ns * 3 * r; j += kThreads) {
     const int64_t s = j / (3 * r), o = j % (3 * r);
     float sum = 0.f;
-    for (int64_t split = 0; split < l.ksplit; ++split) sum += ws[l.part_s + (split * l.S + s0 + s) * 3 * r + o];
+    for (int64_t split = 0; split < l.k_splits; ++split)
+      sum += ws[l.slot_partials + (split * l.S + s0 + s) * 3 * r + o];
     (o < r ? g : o < 2 * r ? P : Q)[s * r + o % r] = sum;
   }
   if (!p.table)
     for (int64_t j = tid; j < rows * r; j += kThreads) {
       float sum = 0.f;
-      for (int64_t split = 0; split < l.ksplit; ++split) sum += ws[l.part_c + (split * l.C + c0) * r + j];
+      for (int64_t split = 0; split < l.k_splits; ++split) sum += ws[l.cand_partials + (split * l.C + c0) * r + j];
       c[j] = sum;
     }
   __syncthreads();
@@ -50,10 +54,11 @@ __device__ void fuse(const CorrectParams& p, const Plan& l, int64_t t, char* sme
   for (int64_t row = tid; row < rows; row += kThreads) layer_norm(z + row * r, int(r), w.fuse_gamma, w.fuse_beta);
   for (int64_t j = tid; j < ns * kBN; j += kThreads) {
     const int64_t s = j / kBN, col = col0 + j % kBN;
-    if (col < 2 * H) ws[l.pq + (s0 + s) * 2 * H + col] = wdot(w.w1 + col % H * in, (col < H ? P : Q) + s * r, r);
+    if (col < 2 * H)
+      ws[l.pair_parts + (s0 + s) * 2 * H + col] = wdot(w.w1 + col % H * in, (col < H ? P : Q) + s * r, r);
   }
   __syncthreads();
-  auto& st = *reinterpret_cast<typename Mma::Storage*>(smem + l.fmma);
+  auto& st = *reinterpret_cast<typename Mma::Storage*>(smem + l.fuse_mma);
   auto la = [&](int m, int64_t k) { return m < rows ? z[m * r + k] : 0.f; };
   auto lb = [&](int n, int64_t k) {
     const int64_t col = col0 + n;

@@ -9,13 +9,13 @@ namespace dcoco::cuda {
 
 // Candidate c's id clamped into [0, V) for memory safety, and its logit, NaN when the id is out of range
 // so that it is never selected (ids are not checked on the host: that would sync).
-template <class Params>  // CorrectParams or GradParams<float>
+template <class Params>  // ForwardParams or GradParams<float>
 __device__ inline int64_t cand_id(const Params& p, int64_t c) {
   const int64_t id = load_id(p.cand_ids, p.ids_dtype, c);
   return id < 0 || id >= p.V ? 0 : id;
 }
 
-__device__ inline float cand_logit(const CorrectParams& p, int64_t c) {
+__device__ inline float cand_logit(const ForwardParams& p, int64_t c) {
   const int64_t id = load_id(p.cand_ids, p.ids_dtype, c);
   return id < 0 || id >= p.V ? __int_as_float(0x7fc00000) : load_float(p.cand_logits, p.logits_dtype, c);
 }
@@ -27,19 +27,19 @@ struct ProjectTile {
   int64_t M, N;                   // problem shape (rows, columns)
 };
 
-__device__ inline ProjectTile project_tile_of(const CorrectParams& p, const Plan& l, int64_t t) {
+__device__ inline ProjectTile project_tile_of(const ForwardParams& p, const Plan& l, int64_t t) {
   ProjectTile x{};
-  const int64_t slot_tiles = l.s_mt * l.s_nt * l.ksplit;
+  const int64_t slot_tiles = l.slot_row_tiles * l.slot_col_tiles * l.k_splits;
   x.slots = t < slot_tiles;
   if (!x.slots) t -= slot_tiles;
-  const int64_t nt = x.slots ? l.s_nt : l.c_nt;
-  x.split = t % l.ksplit, x.n = t / l.ksplit % nt, x.m = t / l.ksplit / nt;
+  const int64_t nt = x.slots ? l.slot_col_tiles : l.cand_col_tiles;
+  x.split = t % l.k_splits, x.n = t / l.k_splits % nt, x.m = t / l.k_splits / nt;
   x.M = x.slots ? l.S : l.C, x.N = x.slots ? 3 * p.r : p.r;
   return x;
 }
 
 template <class Mma>
-__device__ void project(const CorrectParams& p, const Plan& l, const ProjectTile& x, char* smem, float* ws,
+__device__ void project(const ForwardParams& p, const Plan& l, const ProjectTile& x, char* smem, float* ws,
                         int* counters) {
   const int64_t d = p.d, r = p.r, row0 = x.m * kBM, col0 = x.n * kBN;
   // element offsets of the tile's A rows and float pointers of its B rows, looked up once
@@ -64,9 +64,9 @@ __device__ void project(const CorrectParams& p, const Plan& l, const ProjectTile
   auto la = [&](int m, int64_t k) { return a_row[m] < 0 ? 0.f : load_float(a, at, a_row[m] + k); };
   auto lb = [&](int n, int64_t k) { return b_row[n] ? ldg(b_row[n] + k) : 0.f; };
   typename Mma::Acc acc;
-  const int64_t k0 = x.split * l.kspan * kBK, k1 = k0 + l.kspan * kBK < d ? k0 + l.kspan * kBK : d;
+  const int64_t span = l.split_kblocks * kBK, k0 = x.split * span, k1 = k0 + span < d ? k0 + span : d;
   tile_gemm<Mma>(st, acc, la, lb, k0, k1);
-  float* part = ws + (x.slots ? l.part_s : l.part_c) + x.split * x.M * x.N;
+  float* part = ws + (x.slots ? l.slot_partials : l.cand_partials) + x.split * x.M * x.N;
   Mma::store(acc, [&](int m, int n, float v) {
     if (row0 + m < x.M && col0 + n < x.N) part[(row0 + m) * x.N + col0 + n] = v;
   });

@@ -6,27 +6,29 @@
 namespace dcoco::cuda {
 
 // Waits for every stage-2 tile of request q's slots.
-__device__ inline void wait_request(const CorrectParams& p, const Plan& l, int64_t q, int* counters) {
+__device__ inline void wait_request(const ForwardParams& p, const Plan& l, int64_t q, int* counters) {
   const int64_t s0 = q * p.B;
-  for (int64_t g = s0 / l.G; g <= (s0 + p.B - 1) / l.G; ++g) wait_for(counters + l.group_done + g, l.g_nt);
+  for (int64_t g = s0 / l.group_slots; g <= (s0 + p.B - 1) / l.group_slots; ++g)
+    wait_for(counters + l.group_done + g, l.fuse_col_tiles);
 }
 
 // u (H) of the transition from slot s to s+1.
-__device__ inline void pair_term(const CorrectParams& p, const Plan& l, const float* ws, int64_t s, float* u) {
+__device__ inline void pair_term(const ForwardParams& p, const Plan& l, const float* ws, int64_t s, float* u) {
   const int64_t H = p.H;
   for (int64_t h = threadIdx.x; h < H; h += kThreads)
-    u[h] = ws[l.pq + s * 2 * H + h] + ws[l.pq + (s + 1) * 2 * H + H + h] + p.w.b1[h];
+    u[h] = ws[l.pair_parts + s * 2 * H + h] + ws[l.pair_parts + (s + 1) * 2 * H + H + h] + p.w.b1[h];
 }
 
 // The grid stage 3 writes: the wanted scores, or the workspace's copy the walk reads.
-__device__ inline float* grid_of(const CorrectParams& p, const Plan& l, float* ws) {
-  return p.scores ? p.scores : ws + l.gridw;
+__device__ inline float* grid_of(const ForwardParams& p, const Plan& l, float* ws) {
+  return p.scores ? p.scores : ws + l.walk_grid;
 }
 
-// Tile t: predecessors [a0, a0 + l.rows) of one transition, against all K successors.
-__device__ void score_tile(const CorrectParams& p, const Plan& l, int64_t t, char* smem, float* ws, int* counters) {
-  const int64_t K = p.K, H = p.H, tt = t / l.chunks, a0 = t % l.chunks * l.rows;
-  const int64_t q = tt / (p.B - 1), s = transition_slot(tt, p.B), n = (K - a0 < l.rows ? K - a0 : l.rows) * K;
+// Tile t: predecessors [a0, a0 + l.preds_per_tile) of one transition, against all K successors.
+__device__ void score_tile(const ForwardParams& p, const Plan& l, int64_t t, char* smem, float* ws, int* counters) {
+  const int64_t K = p.K, H = p.H, rows = l.preds_per_tile, tt = t / l.tiles_per_transition;
+  const int64_t a0 = t % l.tiles_per_transition * rows, q = tt / (p.B - 1), s = transition_slot(tt, p.B);
+  const int64_t n = (K - a0 < rows ? K - a0 : rows) * K;
   wait_request(p, l, q, counters);
   float* u = reinterpret_cast<float*>(smem);
   pair_term(p, l, ws, s, u);
@@ -40,17 +42,17 @@ __device__ void score_tile(const CorrectParams& p, const Plan& l, int64_t t, cha
   arrive(counters + l.grid_done + q);
 }
 
-__device__ void walk_tile(const CorrectParams& p, const Plan& l, int64_t q, char* smem, float* ws, int* counters) {
+__device__ void walk_tile(const ForwardParams& p, const Plan& l, int64_t q, char* smem, float* ws, int* counters) {
   const int64_t B = p.B, K = p.K, H = p.H, s0 = q * B;
   const int tid = threadIdx.x;
   float* u = reinterpret_cast<float*>(smem);  // (B-1,H), or the request's grid (B-1,K,K)
-  float* partial = u + l.wu;                  // (kThreads)
+  float* partial = u + l.walk_buffer_floats;                  // (kThreads)
   float* row = partial + kThreads;            // (K)
   for (int64_t b = tid; b < K; b += kThreads) row[b] = cand_logit(p, s0 * K + b);
-  if (l.grid) {  // the grid exists: walk it, from shared memory when it fits (one parallel load, then no L2 trips)
-    wait_for(counters + l.grid_done + q, (B - 1) * l.chunks);
+  if (l.has_grid) {  // the grid exists: walk it, from shared memory when it fits (one parallel load, then no L2 trips)
+    wait_for(counters + l.grid_done + q, (B - 1) * l.tiles_per_transition);
     const float* grid = grid_of(p, l, ws) + q * (B - 1) * K * K;
-    if (l.smem_grid) {
+    if (l.grid_in_smem) {
       for (int64_t j = tid; j < (B - 1) * K * K; j += kThreads) u[j] = grid[j];
       __syncthreads();
       grid = u;

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Checks that each arch path of the fused forward really emits its tensor-core instructions: PTX of
-# cuda/correct.cu per target must contain mma.sync (sm_80), wgmma (sm_90a) and tcgen05.mma with its
+# cuda/forward.cu per target must contain mma.sync (sm_80), wgmma (sm_90a) and tcgen05.mma with its
 # tcgen05.wait::ld (sm_100a).
 # No GPU needed. Uses .venv from scripts/setup.sh (CUTLASS headers) when present.
 set -euo pipefail
@@ -10,9 +10,9 @@ PY=$( [ -x .venv/bin/python ] && echo .venv/bin/python || echo python3 )
 cutlass=$("$PY" -c "import cutlass_library, os; print(os.path.join(cutlass_library.source_path, 'include'))")
 out=$(mktemp -d)
 trap 'rm -rf "$out"' EXIT
-ptx() {  # arch: its PTX of cuda/correct.cu
+ptx() {  # arch: its PTX of cuda/forward.cu
   nvcc -std=c++17 --expt-relaxed-constexpr -ptx -arch="compute_$1" -Icpp/include -isystem "$cutlass" \
-    -DDCOCO_CUDA_ARCHS_BUILT="\"$1\"" cuda/correct.cu -o "$out/$1.ptx"
+    -DDCOCO_CUDA_ARCHS_BUILT="\"$1\"" cuda/forward.cu -o "$out/$1.ptx"
 }
 check() {  # arch, instruction that must appear
   local n

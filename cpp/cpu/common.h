@@ -5,6 +5,7 @@
 #include <string>
 #include <vector>
 
+#include "dcoco/dtype.h"
 #include "dcoco/math.h"
 
 namespace dcoco::cpu {

@@ -201,10 +201,7 @@ void run(const GradParams<T>& p) {
   // ---- backward ----
   // logits: l_{p+1}(b) enters S_p(., b) directly, and every pred/succ term through w_la, w_lb
   parallel_for(C, [&](int64_t c) {
-    const int64_t slot = c / K % B, k = c % K, t = c / (K * B) * (B - 1) + slot - 1;
-    T dl = 0;
-    if (slot > 0)
-      for (int64_t a = 0; a < K; ++a) dl += p.grad[(t * K + a) * K + k];
+    T dl = logit_grad_direct(p.grad, c, B, K);
     for (int64_t j = 0; j < H; ++j)
       dl += w.w1[j * in + 3 * r] * dpred[c * H + j] + w.w1[j * in + 3 * r + 1] * dsucc[c * H + j];
     p.d_logits[c] = dl;

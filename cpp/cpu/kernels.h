@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <cstdint>
 
+#include "dcoco/dtype.h"
 #include "dcoco/math.h"
 
 namespace dcoco::cpu {

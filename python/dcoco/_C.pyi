@@ -2,8 +2,22 @@ MAX_CANDIDATES: int
 built_with_cuda: bool
 cutlass_version: str
 cuda_archs: str  # the archs compiled in, e.g. "80,90a,100a"; "" without CUDA
+class DType:  # pybind11 enum: the dtype codes, members named after torch's dtypes; int(member) is the code
+    __members__: dict[str, DType]
+    float32: DType
+    bfloat16: DType
+    float16: DType
+    int32: DType
+    int64: DType
+    float64: DType
+    def __int__(self) -> int: ...
+class Rule:  # pybind11 enum: the select rules' codes; "global", a Python keyword, is Rule.__members__["global"]
+    __members__: dict[str, Rule]
+    greedy: Rule
+    geometric: Rule
+    def __int__(self) -> int: ...
 def cuda_status() -> tuple[int, str]: ...
-def correct(sizes: list[int], hidden: int, hidden_dtype: int, cand_ids: int, ids_dtype: int, cand_logits: int,
+def forward(sizes: list[int], hidden: int, hidden_dtype: int, cand_ids: int, ids_dtype: int, cand_logits: int,
             logits_dtype: int, embed: int, embed_dtype: int, table: int, weights: list[int], scores: int,
             ranks: int, tokens: int, cuda: bool = False, stream: int = 0, workspace: int = 0,
             counters: int = 0) -> None: ...

@@ -88,8 +88,17 @@ struct State {
 };
 inline thread_local State* state = nullptr;  // the block this OS thread runs
 
-// Test knobs (tests/emulate/unit_sm100.cpp): bits flipped in every issued instruction descriptor.
-inline uint32_t idesc_flip = 0;
+// Test knobs (tests/emulate/unit_sm100.cpp): faults injected into the instructions the real policy issues, each a
+// bug the unit test must see as a wrong product or a stop. All off by default.
+inline uint32_t idesc_flip = 0;            // bits flipped in every issued instruction descriptor
+inline bool accumulate_always = false;     // every tcgen05.mma adds to D, the first one to fresh tensor memory too
+inline bool skip_mbarrier_init = false;    // mbarrier.init does nothing
+inline bool skip_mbarrier_wait = false;    // mbarrier.try_wait.parity returns at once
+inline bool wait_parity0 = false;          // mbarrier.try_wait.parity waits on parity 0, whatever it is given
+inline uint32_t ld_lane_shift = 0;         // tcgen05.ld addresses lanes this much further (another warp's quarter)
+inline bool skip_wait_ld = false;          // tcgen05.wait::ld does nothing: the registers keep their poison
+inline int extra_allocations = 0;          // Allocator1Sm::allocate allocates this many times more (never freed)
+inline uint32_t dealloc_column_shift = 0;  // Allocator1Sm::free frees columns this much further on
 
 inline unsigned tid() { return emu::current->idx.x; }
 
@@ -149,6 +158,7 @@ inline uint64_t& barrier_word(uint32_t off, const char* what) {
 }
 // PTX mbarrier.init: expected count = count, pending = count, phase 0
 inline void mbarrier_init(uint64_t* p, int count) {
+  if (skip_mbarrier_init) return;
   const uint32_t off = smem_offset(p, 8, "mbarrier.init");
   if (off % 8) fail("mbarrier.init: shared offset %u is not 8-byte aligned", off);
   if (count < 1 || uint64_t(count) > kCount) fail("mbarrier.init: count %d outside [1, 2^20-1]", count);
@@ -285,6 +295,7 @@ inline void execute(const Mma& op) {
 // and the wait is what the MMA reads, as it may on the GPU).
 inline void issue(uint64_t da, uint64_t db, uint32_t d, uint32_t scale, uint32_t idesc) {
   idesc ^= idesc_flip;
+  if (accumulate_always) scale = 1;
   const Idesc id = decode_idesc(idesc);
   decode_sdesc(da, "A"), decode_sdesc(db, "B");
   check_columns(d & 0xffff, id.n, "tcgen05.mma D");
@@ -400,6 +411,8 @@ inline void commit(const uint64_t* bar) {
 // returns early, on a phase that completed before, leaves them in flight). A block whose waiters all poll for 1000
 // scheduling rounds without any mbarrier or tcgen05 progress is deadlocked.
 inline void wait_parity(const uint64_t* bar, int parity) {
+  if (skip_mbarrier_wait) return;
+  if (wait_parity0) parity = 0;
   const uint32_t off = smem_offset(bar, 8, "mbarrier.try_wait");
   auto done = [&] { return ((barrier_word(off, "mbarrier.try_wait.parity") >> 40) & 1) != uint64_t(parity & 1); };
   while (!done()) {
@@ -415,6 +428,7 @@ inline void wait_parity(const uint64_t* bar, int parity) {
 // taddr.col. PTX "Access restrictions" of Tensor Memory: warp w of a warpgroup may access lanes 32(w%4)..32(w%4)+31 only.
 // The register is written at tcgen05.wait::ld (PTX tcgen05.wait): until then it holds a NaN poison.
 inline void tmem_load(uint32_t taddr, uint32_t& reg) {
+  taddr += ld_lane_shift << 16;
   State& s = *state;
   const unsigned me = tid(), warp = me / 32;
   const uint32_t lane = taddr >> 16, col = taddr & 0xffff;
@@ -428,6 +442,7 @@ inline void tmem_load(uint32_t taddr, uint32_t& reg) {
   reg = kPoison;
 }
 inline void wait_ld() {
+  if (skip_wait_ld) return;
   auto& mine = state->loads[tid()];
   for (auto& l : mine) *l.reg = l.value;
   mine.clear();
@@ -473,8 +488,12 @@ class EmuAllocator1Sm {  // cute::TMEM::Allocator1Sm's interface
  public:
   static constexpr int ColumnsPerAllocationSlice = 32;
   static constexpr int Sm100TmemCapacityColumns = 512;
-  void allocate(int num_columns, uint32_t* dst_ptr) { ::emu::sm100::tmem_alloc(dst_ptr, num_columns); }
-  void free(uint32_t tmem_ptr, int num_columns) { ::emu::sm100::tmem_dealloc(tmem_ptr, num_columns); }
+  void allocate(int num_columns, uint32_t* dst_ptr) {
+    for (int i = 0; i <= ::emu::sm100::extra_allocations; ++i) ::emu::sm100::tmem_alloc(dst_ptr, num_columns);
+  }
+  void free(uint32_t tmem_ptr, int num_columns) {
+    ::emu::sm100::tmem_dealloc(tmem_ptr + ::emu::sm100::dealloc_column_shift, num_columns);
+  }
   void release_allocation_lock() { ::emu::sm100::tmem_relinquish(); }
 };
 }  // namespace TMEM

@@ -8,7 +8,7 @@
 #include <cstdio>
 #include <map>
 
-// The archs cuda/correct.cu's dispatch believes were built (CMake passes the real list).
+// The archs cuda/forward.cu's dispatch believes were built (CMake passes the real list).
 #ifndef DCOCO_CUDA_ARCHS_BUILT
 #define DCOCO_CUDA_ARCHS_BUILT "80,90a,100a"
 #endif

@@ -1,5 +1,5 @@
 // The emulated runners' shared input: the folder tests/ops/test_cuda_emulated.py writes (meta.txt with sizes
-// and dtype codes, raw .bin arrays), loaded into CorrectParams or GradParams<float>.
+// and dtype codes, raw .bin arrays), loaded into ForwardParams or GradParams<float>.
 #pragma once
 #include <fstream>
 #include <string>

@@ -8,7 +8,7 @@
 #include <iostream>
 
 int main() {
-  dcoco::CorrectParams p;
+  dcoco::ForwardParams p;
   long R, B, K, d, r, H, sms, cap;
   int table, scores, ranks;
   static float dummy;
@@ -18,7 +18,7 @@ int main() {
     p.scores = scores ? &dummy : nullptr;
     p.ranks = ranks ? reinterpret_cast<int64_t*>(&dummy) : nullptr;
     const dcoco::cuda::Plan l = dcoco::cuda::plan_of(p, int(sms), cap);
-    std::printf("%d %ld %ld\n", int(l.fits), long(l.smem), long(l.G));
+    std::printf("%d %ld %ld\n", int(l.fits), long(l.smem), long(l.group_slots));
   }
   return 0;
 }

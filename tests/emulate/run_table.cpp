@@ -4,7 +4,7 @@
 // (V,r) and ranks-<rule>.bin (R,B). Exit 8: a CUDA error or a refused argument.
 #include "cuda_emulation.h"
 // the emulation header must come first: it defines the CUDA keywords the kernels use
-#include "correct.cu"
+#include "forward.cu"
 #include "select.cu"
 
 #include <cstdio>
@@ -17,7 +17,7 @@
 int main(int argc, char** argv) {
   if (argc != 2) return 2;
   const std::string dir = argv[1];
-  dcoco::CorrectParams c;
+  dcoco::ForwardParams c;
   Inputs in(dir, c);
   int rule;
   float lam;

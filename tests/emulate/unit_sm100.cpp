@@ -7,7 +7,9 @@
 // give a wrong product, a missing fence.proxy.async must be reported, and the protocol errors that stop the run
 // (a warp reading another warp's lane quarter, reading the accumulators without waiting on the MMAs' mbarrier, a
 // wrong mbarrier phase, no mbarrier.init, a TMEM double allocation or a free of a range not allocated) must exit 9:
-// each runs as `unit_sm100 <mode>` in a child process.
+// each runs as `unit_sm100 <mode>` in a child process. Apart from the smem writers and the missing fence (the
+// policy with put_a/put_b or publish replaced), every fault is injected by a knob of emu_sm100.h into the
+// instructions the real policy issues, so its own mma(), store(), begin() and end() run in every check.
 // Prints one line per check; exits 0 only if every check comes out as expected. Built by tests/ops/test_emulated_mma.py.
 #include "cuda_emulation.h"
 // the emulation header must come first: it defines the CUDA keywords the kernel headers use
@@ -30,7 +32,6 @@ using bf16 = cute::bfloat16_t;
 using f16 = cute::half_t;
 using Base = Sm100Mma<bf16, 1>;
 using Storage = Base::Storage;
-using Acc = Base::Acc;
 
 // The policy with its shared memory written in the plain (unswizzled) K-major layout its descriptors do not describe.
 struct WrittenUnswizzled : Base {
@@ -53,93 +54,17 @@ struct StoresToCopies : Base {
   }
 };
 
-// The policy's mma() (as in sm100_umma.cuh, one A plane), optionally accumulating into the fresh accumulators,
-// without the wait on the mbarrier, or waiting on parity 0 every time.
-enum class Wait { kRight, kNone, kParity0 };
-template <bool accumulate_first, Wait wait>
-struct MmaVariant : Base {
-  static void mma(Storage& st, Acc& acc) {
-    using namespace cute;
-    if (threadIdx.x / 32 == 0) {
-      TiledMma tm;
-      tm.accumulate_ = acc.empty && !accumulate_first ? UMMA::ScaleOut::Zero : UMMA::ScaleOut::One;
-      auto thr = tm.get_slice(0);
-      auto c = accumulators(tm, acc.tmem);
-      auto fa = thr.make_fragment_A(make_tensor(make_smem_ptr(st.a[0]), LayoutA{}));
-      for (int i = 0; i < 2; ++i) {
-        auto fb = thr.make_fragment_B(make_tensor(make_smem_ptr(st.b[i]), LayoutB{}));
-        for (int k = 0; k < size<2>(fa); ++k) {
-          gemm(tm, fa(_, _, k), fb(_, _, k), c);
-          tm.accumulate_ = UMMA::ScaleOut::One;
-        }
-      }
-      cutlass::arch::umma_arrive(&st.done);
-    }
-    if (wait == Wait::kRight) cute::wait_barrier(st.done, acc.phase);
-    if (wait == Wait::kParity0) cute::wait_barrier(st.done, 0);
-    acc.phase ^= 1, acc.empty = false;
-  }
-};
-
-// The policy's store() with the thread -> TMEM-lane mapping shifted by one warp (warp w reads quarter w+1), or
-// without tcgen05.wait::ld.
-template <int shift, bool wait_ld>
-struct StoreVariant : Base {
-  template <class F>
-  static void store(const Acc& acc, F&& f) {
-    using namespace cute;
-    if (threadIdx.x >= 128) return;
-    TiledMma tm;
-    auto c = accumulators(tm, acc.tmem);
-    auto coord = tm.get_slice(0).partition_C(make_identity_tensor(Shape<Int<kUM>, Int<kBN>>{}));
-    auto t2r = make_tmem_copy(SM100_TMEM_LOAD_32dp32b1x{}, c);
-    auto thr = t2r.get_slice((threadIdx.x + shift) % 128);
-    Tensor src = thr.partition_S(c);
-    Tensor where = thr.partition_D(coord);
-    Tensor v = make_tensor<float>(shape(where));
-    if (!acc.empty) {
-      copy(t2r, src, v);
-      if (wait_ld) cutlass::arch::fence_view_async_tmem_load();
-    }
-    for (int i = 0; i < size(v); ++i)
-      if (int(get<0>(where(i))) < kBM) f(int(get<0>(where(i))), int(get<1>(where(i))), acc.empty ? 0.f : v(i));
-  }
-};
-
-// begin() without mbarrier.init, or allocating the accumulators twice (the first allocation is never freed)
-template <bool init, int allocations>
-struct BeginVariant : Base {
-  static void begin(Storage& st, Acc& acc) {
-    for (int i = 0; i < allocations; ++i)
-      if (threadIdx.x / 32 == 0) cute::TMEM::Allocator1Sm().allocate(kBN, &st.tmem);
-    if (threadIdx.x == 0 && init) cute::initialize_barrier(st.done, 1);
-    for (int j = threadIdx.x; j < (kUM - kBM) * kBK; j += kThreads)
-      at<LayoutA>(st.a[0], kBM + j / kBK, j % kBK) = bf16(0.f);
-    cutlass::arch::fence_view_async_shared();
-    cutlass::arch::fence_barrier_init();
-    __syncthreads();
-    acc = {st.tmem, 0, true};
-  }
-};
-
-// end() freeing 32 columns past the allocation
-struct FreeElsewhere : Base {
-  static void end(Storage&, Acc& acc) {
-    __syncthreads();
-    if (threadIdx.x / 32 == 0) cute::TMEM::Allocator1Sm().free(acc.tmem + 32, kBN);
-  }
-};
-
 // The policy without its fence.proxy.async between the stores and the barrier.
 struct Unfenced : Base {
   static void publish() {}
 };
 
-template <class Mma>
-void expect_mismatch_with_idesc(const char* name, const Problem& p, uint32_t flip) {
-  emu::sm100::idesc_flip = flip;
-  expect_mismatch<Mma, bf16>(name, p, 1);
-  emu::sm100::idesc_flip = 0;
+// The real policy with one emulation knob set (a fault in what it issues) must give a wrong product.
+template <class T>
+void expect_mismatch_with(const char* name, const Problem& p, T& knob, T value) {
+  knob = value;
+  expect_mismatch<Base, bf16>(name, p, 1);
+  knob = T{};
 }
 
 // the runs that must stop with exit 9 (in a child process each)
@@ -148,18 +73,20 @@ struct Stop {
   const char* what;
   void (*run)(const Problem&);
 };
+namespace knob = emu::sm100;
 const Stop kStops[] = {
     {"wrong-quarter", "negative: warp w reads TMEM lane quarter w+1 (tcgen05.ld)",
-     [](const Problem& p) { (void)run<StoreVariant<32, true>>(p); }},
+     [](const Problem& p) { knob::ld_lane_shift = 32, (void)run<Base>(p); }},
     {"no-wait", "negative: accumulators read without waiting on the MMAs' mbarrier",
-     [](const Problem& p) { (void)run<MmaVariant<false, Wait::kNone>>(p); }},
+     [](const Problem& p) { knob::skip_mbarrier_wait = true, (void)run<Base>(p); }},
     {"wrong-parity", "negative: every k-block waits on mbarrier parity 0",
-     [](const Problem& p) { (void)run<MmaVariant<false, Wait::kParity0>>(p); }},
-    {"no-init", "negative: no mbarrier.init", [](const Problem& p) { (void)run<BeginVariant<false, 1>>(p); }},
+     [](const Problem& p) { knob::wait_parity0 = true, (void)run<Base>(p); }},
+    {"no-init", "negative: no mbarrier.init",
+     [](const Problem& p) { knob::skip_mbarrier_init = true, (void)run<Base>(p); }},
     {"double-alloc", "negative: TMEM allocated twice, freed once",
-     [](const Problem& p) { (void)run<BeginVariant<true, 2>>(p); }},
+     [](const Problem& p) { knob::extra_allocations = 1, (void)run<Base>(p); }},
     {"bad-free", "negative: tcgen05.dealloc of a range not allocated",
-     [](const Problem& p) { (void)run<FreeElsewhere>(p); }},
+     [](const Problem& p) { knob::dealloc_column_shift = 32, (void)run<Base>(p); }},
 };
 
 }  // namespace
@@ -186,16 +113,15 @@ int main(int argc, char** argv) {
   expect_match<Sm100Mma<f16, 1>, f16>("Sm100Mma<f16,1> (K=32) vs float64 planes", q, 1);
   expect_match<Sm100Mma<f16, 2>, f16>("Sm100Mma<f16,2> (K=80) vs float64 planes", p, 2);
   expect_match<Sm100Mma<bf16, 2>, bf16>("Sm100Mma<bf16,2> (K=0: no MMA, zeros)", make_problem(0, 3), 2);
-  expect_match<MmaVariant<false, Wait::kRight>, bf16>("the policy's mma() replayed here (control of the variants)", p, 1);
-  expect_match<StoreVariant<0, true>, bf16>("the policy's store() replayed here (control of the variants)", p, 1);
   expect_mismatch<WrittenUnswizzled, bf16>("negative: smem written unswizzled, descriptors SW64", q, 1);
   expect_mismatch<StoresToCopies, bf16>("negative: operand stores to a copy (the at() bug fixed in sm100_umma.cuh)", q, 1);
-  expect_mismatch_with_idesc<Base>("negative: instruction descriptor N = 64 (not 128)", q, 24u << 17);
-  expect_mismatch_with_idesc<Base>("negative: instruction descriptor transposes A (MN-major)", q, 1u << 15);
-  expect_mismatch_with_idesc<Base>("negative: instruction descriptor transposes B (MN-major)", q, 1u << 16);
-  expect_mismatch_with_idesc<Base>("negative: instruction descriptor says A and B are f16", q, 1u << 7 | 1u << 10);
-  expect_mismatch<MmaVariant<true, Wait::kRight>, bf16>("negative: first MMA accumulates into fresh TMEM", q, 1);
-  expect_mismatch<StoreVariant<0, false>, bf16>("negative: registers read without tcgen05.wait::ld", q, 1);
+  expect_mismatch_with("negative: instruction descriptor N = 64 (not 128)", q, knob::idesc_flip, 24u << 17);
+  expect_mismatch_with("negative: instruction descriptor transposes A (MN-major)", q, knob::idesc_flip, 1u << 15);
+  expect_mismatch_with("negative: instruction descriptor transposes B (MN-major)", q, knob::idesc_flip, 1u << 16);
+  expect_mismatch_with("negative: instruction descriptor says A and B are f16", q, knob::idesc_flip,
+                       1u << 7 | 1u << 10);
+  expect_mismatch_with("negative: first MMA accumulates into fresh TMEM", q, knob::accumulate_always, true);
+  expect_mismatch_with("negative: registers read without tcgen05.wait::ld", q, knob::skip_wait_ld, true);
   expect_violation<Unfenced>("negative: no fence.proxy.async after the stores", p);
   for (const Stop& s : kStops) {
     std::fflush(stdout);

@@ -53,20 +53,20 @@ def build(tmp_path_factory, name: str, mma: bool = False) -> Path:
     exe = folder / (name + "-mma" if mma else name)
     flags = os.environ.get("DCOCO_EMU_FLAGS", "-O2").split()
     extra = ["-DDCOCO_EMULATE_MMA", cutlass_include(), "-Wno-deprecated-declarations"] if mma else []
-    subprocess.run([cxx, "-std=c++20", *flags, *extra, "-pthread", f"-I{ROOT / 'tests/emulate'}", f"-I{ROOT / 'cuda'}",
-                    f"-I{ROOT / 'cpp/include'}", *toolkit_includes(), str(ROOT / f"tests/emulate/{name}.cpp"),
-                    "-o", str(exe)], check=True, cwd=folder)
+    includes = [f"-I{ROOT / inc}" for inc in ("tests/emulate", "cuda", "cpp/include", "cpp/shared")]
+    subprocess.run([cxx, "-std=c++20", *flags, *extra, "-pthread", *includes, *toolkit_includes(),
+                    str(ROOT / f"tests/emulate/{name}.cpp"), "-o", str(exe)], check=True, cwd=folder)
     return exe
 
 
 @pytest.fixture(scope="module")
 def runner(tmp_path_factory):
-    return build(tmp_path_factory, "run_correct")
+    return build(tmp_path_factory, "run_forward")
 
 
 @pytest.fixture(scope="module")
 def mma_runner(tmp_path_factory):
-    return build(tmp_path_factory, "run_correct", mma=True)
+    return build(tmp_path_factory, "run_forward", mma=True)
 
 
 @pytest.fixture(scope="module")
@@ -309,7 +309,7 @@ def test_a_forced_path_the_image_lacks_is_refused(runner, tmp_path):
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_emulated_table_and_select_match_the_cpu(table_runner, tmp_path, dtype):
-    """cand_table_kernel and select_kernel through their launchers (cuda/correct.cu, cuda/select.cu)."""
+    """cand_table_kernel and select_kernel through their launchers (cuda/forward.cu, cuda/select.cu)."""
     case = make_case(3, 7, 5, 96, V=150, dtype=dtype, seed=9)
     grid = case.ref_scores().float()
     raw(grid)(tmp_path / "grid.bin")

@@ -10,7 +10,7 @@
 namespace dcoco {
 
 namespace cpu {
-void correct(const CorrectParams& p);
+void forward(const ForwardParams& p);
 void cand_table(const CandTableParams& p);
 void select(const SelectParams& p);
 void score_grad(const GradParams<float>& p);
@@ -22,9 +22,9 @@ bool built();
 std::string cutlass_version();  // the CUTLASS headers compiled against, "" without CUDA
 // Launches on p.stream; each throws std::runtime_error carrying the CUDA error text.
 void select(const SelectParams& p);
-void correct(const CorrectParams& p);  // one launch for the whole batch
+void forward(const ForwardParams& p);  // one launch for the whole batch
 void cand_table(const CandTableParams& p);
-std::pair<int64_t, int64_t> workspace_sizes(const CorrectParams& p);  // (workspace floats, counter ints)
+std::pair<int64_t, int64_t> workspace_sizes(const ForwardParams& p);  // (workspace floats, counter ints)
 void score_grad(const GradParams<float>& p);            // a few launches, no host sync
 int64_t grad_workspace_size(const GradParams<float>& p);  // floats
 // (device count, message); never throws, also without a driver.

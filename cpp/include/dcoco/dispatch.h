@@ -3,7 +3,7 @@
 // check every branch with fake devices.
 //
 // The kernel's tensor-core paths are compiled only into images whose target has their instructions; every other
-// image holds a trap there (fused_correct.cuh, compiled_for). The driver picks one image per device: native
+// image holds a trap there (fused_forward.cuh, compiled_for). The driver picks one image per device: native
 // SASS for it, or else the newest PTX it can JIT (sm_103 with a "100a" build: the compute_80 PTX). That image's
 // virtual arch (cudaFuncAttributes::ptxVersion, e.g. 90) plus whether it was built arch-specific ("90a" in
 // DCOCO_CUDA_ARCHS) says which paths it holds.

@@ -3,27 +3,12 @@
 #pragma once
 #include <cmath>
 #include <cstdint>
-#include <cstring>
 
-#if defined(__CUDACC__)
-#define DCOCO_HD __host__ __device__ __forceinline__
-#else
-#define DCOCO_HD inline __attribute__((always_inline))
-#endif
-
-// Host loops may sum in SIMD lanes (a different but equally exact-to-tolerance order than one thread).
-#if !defined(__CUDA_ARCH__) && defined(_OPENMP)
-#define DCOCO_SIMD_SUM _Pragma("omp simd reduction(+ : sum)")
-#else
-#define DCOCO_SIMD_SUM
-#endif
+#include "dcoco/host_device.h"
 
 namespace dcoco {
 
 constexpr float kLayerNormEps = 1e-5f;
-constexpr int kMaxCandidates = 64;  // compiled maximum K (walk scratch lives in registers/smem)
-
-enum class DType : int32_t { f32 = 0, bf16 = 1, f16 = 2, i32 = 3, i64 = 4, f64 = 5 };
 
 // Keeps T out of template argument deduction (nullptr arguments then convert to const T*).
 template <class T>
@@ -32,48 +17,6 @@ struct same_as_ {
 };
 template <class T>
 using same_t = typename same_as_<T>::type;
-
-DCOCO_HD float bits_to_float(uint32_t u) {
-#if defined(__CUDA_ARCH__)
-  return __uint_as_float(u);
-#else
-  return __builtin_bit_cast(float, u);  // unlike memcpy, keeps host loops vectorisable
-#endif
-}
-
-DCOCO_HD float bf16_to_float(uint16_t h) { return bits_to_float(uint32_t(h) << 16); }
-
-// IEEE binary16 -> binary32, exact (normals, subnormals, inf, nan).
-DCOCO_HD float f16_to_float(uint16_t h) {
-  const uint32_t sign = uint32_t(h & 0x8000u) << 16;
-  const uint32_t exp = (h >> 10) & 0x1fu;
-  const uint32_t man = h & 0x3ffu;
-  if (exp == 0x1f) return bits_to_float(sign | 0x7f800000u | (man << 13));
-  if (exp != 0) return bits_to_float(sign | ((exp + 112u) << 23) | (man << 13));
-  // subnormal: man * 2^-24
-  const float v = float(man) * 5.9604644775390625e-08f;
-  return sign ? -v : v;
-}
-
-// Element i of a float array of any supported float dtype, as float.
-DCOCO_HD float load_float(const void* p, DType t, int64_t i) {
-  switch (t) {
-    case DType::bf16: return bf16_to_float(static_cast<const uint16_t*>(p)[i]);
-    case DType::f16: return f16_to_float(static_cast<const uint16_t*>(p)[i]);
-    default: return static_cast<const float*>(p)[i];
-  }
-}
-
-// Element i of a float array of any supported float dtype, as T (float64 is the training path's only).
-template <class T>
-DCOCO_HD T load_as(const void* p, DType t, int64_t i) {
-  return t == DType::f64 ? T(static_cast<const double*>(p)[i]) : T(load_float(p, t, i));
-}
-
-// Element i of an id array (int32 or int64).
-DCOCO_HD int64_t load_id(const void* p, DType t, int64_t i) {
-  return t == DType::i32 ? int64_t(static_cast<const int32_t*>(p)[i]) : static_cast<const int64_t*>(p)[i];
-}
 
 // erf as x P(x^2) / Q(x^2) on |x| <= 3.92 and +-1 beyond (where float32 erf is +-1): branch-free, so
 // host loops vectorise it; max abs error 3.2e-7 (libm erff: 6e-8). Coefficients: scripts/fit_erf.py.
@@ -168,6 +111,19 @@ DCOCO_HD T transition_score(const T* u, const T* a, const T* b, const T* w2, int
 // The slot p (global index over R B) of transition t = (request, p); B drafted slots per request.
 DCOCO_HD int64_t transition_slot(int64_t t, int64_t B) { return t / (B - 1) * B + t % (B - 1); }
 
+// The direct part of dL/dl for candidate c (an index over R B K): l_{p+1}(b) enters S_p(., b) as itself, so the
+// candidate of rank b in slot p+1 gets column b of transition p's dL/dS (B drafted slots, K candidates, grad
+// (R,B-1,K,K)); a request's first slot gets none. The rest of dL/dl comes through w_la and w_lb (the pred and succ
+// terms), which the callers add.
+template <class T>
+DCOCO_HD T logit_grad_direct(const T* grad, int64_t c, int64_t B, int64_t K) {
+  const int64_t slot = c / K % B, k = c % K, t = c / (K * B) * (B - 1) + slot - 1;
+  T dl = 0;
+  if (slot > 0)
+    for (int64_t a = 0; a < K; ++a) dl += grad[(t * K + a) * K + k];
+  return dl;
+}
+
 // The backward of one MLP unit j of S(a,b): with x = u_j + a_j + b_j and g = dL/dS(a,b), adds g gelu(x) to
 // dL/dw2_j and returns dL/dx = g w2_j gelu'(x) (shared by u_j, pred_a and succ_b).
 template <class T>
@@ -175,60 +131,6 @@ DCOCO_HD T transition_unit_grad(T u, T a, T b, T w2, T g, T* dw2) {
   const T x = u + a + b;
   *dw2 += g * gelu(x);
   return g * w2 * gelu_grad(x);
-}
-
-// Selection order: a larger value wins, NaN loses to every number, ties keep the lower rank
-// (callers scan ranks upwards and replace only on a strict win).
-DCOCO_HD bool wins(float x, float best) { return x > best || (best != best && x == x); }
-
-DCOCO_HD int argmax(const float* v, int n) {
-  int k = 0;
-  for (int i = 1; i < n; ++i)
-    if (wins(v[i], v[k])) k = i;
-  return k;
-}
-
-// Prefix-first greedy on a score grid. S: (B-1,K,K), first: (K) slot-1 logits, ranks: (B).
-DCOCO_HD void greedy_walk(const float* S, const float* first, int B, int K, int64_t* ranks) {
-  int k = argmax(first, K);
-  ranks[0] = k;
-  for (int p = 0; p + 1 < B; ++p) {
-    k = argmax(S + (int64_t(p) * K + k) * K, K);
-    ranks[p + 1] = k;
-  }
-}
-
-// Best whole path of  first[k_0] + sum_p lam^p S_p(k_p, k_{p+1})  (lam = 1: Global-Sum,
-// lam < 1: Geometric), by a backward Viterbi pass that keeps each node's best successor; the path
-// is then read forwards, so ties go to the lower rank at the earliest slot.
-// Scratch: V (2,K) floats, next (B-1,K) ints. O(B K^2).
-DCOCO_HD void path_walk(const float* S, const float* first, int B, int K, float lam, float* V,
-                        int32_t* next, int64_t* ranks) {
-  float* cur = V;       // suffix values of slot p
-  float* after = V + K;  // suffix values of slot p+1
-  for (int b = 0; b < K; ++b) after[b] = 0.f;
-  for (int p = B - 2; p >= 0; --p) {
-    float w = 1.f;  // lam^p
-    for (int i = 0; i < p; ++i) w *= lam;
-    for (int a = 0; a < K; ++a) {
-      const float* row = S + (int64_t(p) * K + a) * K;
-      int kb = 0;
-      float best = w * row[0] + after[0];
-      for (int b = 1; b < K; ++b) {
-        const float v = w * row[b] + after[b];
-        if (wins(v, best)) best = v, kb = b;
-      }
-      cur[a] = best;
-      next[int64_t(p) * K + a] = kb;
-    }
-    for (int a = 0; a < K; ++a) after[a] = cur[a];
-  }
-  int k = 0;
-  float best = first[0] + after[0];
-  for (int a = 1; a < K; ++a)
-    if (wins(first[a] + after[a], best)) best = first[a] + after[a], k = a;
-  ranks[0] = k;
-  for (int p = 0; p + 1 < B; ++p) ranks[p + 1] = k = next[int64_t(p) * K + k];
 }
 
 }  // namespace dcoco

@@ -3,9 +3,11 @@
 #pragma once
 #include <cstdint>
 
-#include "dcoco/math.h"
+#include "dcoco/dtype.h"
 
 namespace dcoco {
+
+constexpr int kMaxCandidates = 64;  // compiled maximum K (walk scratch lives in registers/smem)
 
 // Corrector weights in nn.Linear layout (out,in); float32 for inference, T for training.
 template <class T>
@@ -24,7 +26,7 @@ struct WeightsOf {
 using Weights = WeightsOf<float>;
 
 // Score and/or walk one batch of drafted blocks.
-struct CorrectParams {
+struct ForwardParams {
   int64_t R = 0, B = 0, K = 0;  // requests, drafted slots, candidates per slot
   int64_t d = 0, V = 0;         // hidden width, vocabulary rows
   int64_t r = 0, H = 0;         // corrector width, MLP hidden

@@ -8,8 +8,8 @@ import math
 
 import torch
 
-MAX_CANDIDATES = 64  # the compiled maximum K (dcoco/math.h kMaxCandidates; fused.py checks they agree)
-RULES = {"greedy": 0, "global": 1, "geometric": 2}
+MAX_CANDIDATES = 64  # the compiled maximum K (dcoco/params.h kMaxCandidates; fused.py checks they agree)
+RULES = {"greedy": 0, "global": 1, "geometric": 2}  # the core's Rule codes (fused.py checks they agree)
 WEIGHTS = ("cand_proj", "ctx_proj", "fuse_proj", "fuse_norm_weight", "fuse_norm_bias", "pair_proj",
            "mlp0_weight", "mlp0_bias", "mlp2_weight", "mlp2_bias")
 FLOATS = (torch.float32, torch.bfloat16, torch.float16, torch.float64)

@@ -30,6 +30,22 @@ _check_select = functools.partial(checks.check_select, device_types=checks.FUSED
 _FLOAT_CODES = {torch.float32: 0, torch.bfloat16: 1, torch.float16: 2, torch.float64: 5}
 _ID_CODES = {torch.int32: 3, torch.int64: 4}
 
+
+def code_mismatches(dtype_codes: dict, rules: dict) -> list[str]:
+    """How the codes passed to the core (torch dtype -> code, rule name -> code) differ from its enums _C.DType and
+    _C.Rule, one line each; empty when they agree."""
+    core = {**{f"dtype {n}": int(v) for n, v in _C.DType.__members__.items()},
+            **{f"rule {n}": int(v) for n, v in _C.Rule.__members__.items()}}
+    ours = {**{f"dtype {str(t).removeprefix('torch.')}": c for t, c in dtype_codes.items()},
+            **{f"rule {n}": c for n, c in rules.items()}}
+    return [f"{k}: {ours.get(k)} here, {core.get(k)} in dcoco._C" for k in sorted(core.keys() | ours.keys())
+            if ours.get(k) != core.get(k)]
+
+
+# a core built from other sources would read every dtype or rule wrongly: refuse it at import
+if _mismatches := code_mismatches({**_FLOAT_CODES, **_ID_CODES}, RULES):
+    raise ImportError(f"dcoco.ops.fused: the codes disagree with the compiled core (rebuild dcoco): {_mismatches}")
+
 # Tests set this to fill outputs with NaN / -1 before the core writes them, so unwritten elements show.
 POISON = False
 
@@ -105,7 +121,7 @@ def _run_core(hidden, cand_ids, cand_logits, embed, weights, table, sizes, score
         return {"workspace": torch.empty(floats, dtype=torch.float32, device=dev),
                 "counters": torch.zeros(ints, dtype=torch.int32, device=dev)}
 
-    _launch("score" if ranks is None else "correct", _C.correct, dev, *args, workspace=workspace)
+    _launch("score" if ranks is None else "correct", _C.forward, dev, *args, workspace=workspace)
 
 
 # --- score -----------------------------------------------------------------------------------------

@@ -10,7 +10,8 @@
 
 #include "dcoco/api.h"
 #include "common.h"
-#include "dcoco/select.h"
+#include "select.h"
+#include "dcoco/walk.h"
 #include "kernels.h"
 
 namespace dcoco::cpu {
@@ -52,7 +53,7 @@ void cand_rows(const void* embed, DType et, int64_t d, int64_t r, const float* c
   });
 }
 
-void check_shapes(const CorrectParams& p) {
+void check_shapes(const ForwardParams& p) {
   require(p.R >= 0 && p.B >= 1 && p.K >= 1 && p.d >= 1 && p.V >= 1 && p.r >= 2 && p.H >= 1,
           "dcoco: bad sizes R=" + std::to_string(p.R) + " B=" + std::to_string(p.B) + " K=" + std::to_string(p.K) +
               " d=" + std::to_string(p.d) + " V=" + std::to_string(p.V) + " r=" + std::to_string(p.r) +
@@ -65,7 +66,7 @@ void check_shapes(const CorrectParams& p) {
 
 }  // namespace
 
-void correct(const CorrectParams& p) {
+void forward(const ForwardParams& p) {
   check_shapes(p);
   if (p.R == 0) return;
   const int64_t R = p.R, B = p.B, K = p.K, d = p.d, r = p.r, H = p.H, in = 3 * r + 2;

@@ -46,10 +46,10 @@ __device__ constexpr bool compiled_for() {
 #endif
 
 template <Arch A>
-__device__ void run_tile(const CorrectParams& p, const Plan& l, int64_t t, char* smem) {
+__device__ void run_tile(const ForwardParams& p, const Plan& l, int64_t t, char* smem) {
   float* ws = p.workspace;
   int* counters = p.counters;
-  if (t < l.stage1) {
+  if (t < l.project_tiles) {
     const ProjectTile x = project_tile_of(p, l, t);
     if constexpr (A != Arch::simt) {
 #if defined(DCOCO_TENSOR_CORES)
@@ -60,8 +60,8 @@ __device__ void run_tile(const CorrectParams& p, const Plan& l, int64_t t, char*
     }
     return project<SimtMma>(p, l, x, smem, ws, counters);
   }
-  t -= l.stage1;
-  if (t < l.stage2) {
+  t -= l.project_tiles;
+  if (t < l.fuse_tiles) {
     if constexpr (A != Arch::simt) {
 #if defined(DCOCO_TENSOR_CORES)
       if (p.hidden_dtype != DType::f32) return fuse<TensorCoreMma<A, cute::bfloat16_t, 2>>(p, l, t, smem, ws, counters);
@@ -69,15 +69,15 @@ __device__ void run_tile(const CorrectParams& p, const Plan& l, int64_t t, char*
     }
     return fuse<SimtMma>(p, l, t, smem, ws, counters);
   }
-  t -= l.stage2;
-  if (t < l.stage3) return score_tile(p, l, t, smem, ws, counters);
-  walk_tile(p, l, t - l.stage3, smem, ws, counters);
+  t -= l.fuse_tiles;
+  if (t < l.score_tiles) return score_tile(p, l, t, smem, ws, counters);
+  walk_tile(p, l, t - l.score_tiles, smem, ws, counters);
 }
 
 // Grid: plan.ctas CTAs of kThreads with plan.smem bytes of dynamic shared memory; counters zeroed. sms and
 // smem_cap: what the host planned with (plan_of).
 template <Arch A>
-__global__ void __launch_bounds__(kThreads) correct_kernel(CorrectParams p, int sms, int64_t smem_cap) {
+__global__ void __launch_bounds__(kThreads) forward_kernel(ForwardParams p, int sms, int64_t smem_cap) {
 #if defined(DCOCO_TENSOR_CORES)
   if constexpr (!compiled_for<A>()) {
     __trap();

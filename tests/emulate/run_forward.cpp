@@ -1,4 +1,4 @@
-// Runs the fused forward through its real host launcher (cuda/correct.cu: dispatch, plan, launch) under
+// Runs the fused forward through its real host launcher (cuda/forward.cu: dispatch, plan, launch) under
 // tests/emulate/cuda_emulation.h, on a fake device, on inputs written by tests/ops/test_cuda_emulated.py: argv[1] is a
 // folder with meta.txt and raw .bin arrays; outputs go there. DCOCO_CUDA_PATH picks the path, as on a GPU; built
 // with -DDCOCO_EMULATE_MMA the tensor-core paths run their instructions' emulation (tensor_cores.h).
@@ -9,7 +9,7 @@
 #if defined(DCOCO_EMULATE_MMA)
 #include "tensor_cores.h"
 #endif
-#include "correct.cu"
+#include "forward.cu"
 #if defined(DCOCO_EMULATE_MMA)
 #include "device.cu"  // needs CUTLASS's version header, which only the tensor-core build has on its path
 #endif
@@ -26,7 +26,7 @@ using namespace dcoco;
 int main(int argc, char** argv) {
   if (argc != 2) return 2;
   const std::string dir = argv[1];
-  CorrectParams p;
+  ForwardParams p;
   Inputs in(dir, p);
   int has_table, want_scores;
   int64_t launch;  // 0: the launcher's plan; else launch the SIMT kernel directly with these bytes (the guard test)
@@ -44,14 +44,15 @@ int main(int argc, char** argv) {
   std::vector<float> workspace;
   std::vector<int32_t> counters;
   try {
-    const auto [floats, ints] = launch ? std::pair(plan.floats, plan.ints) : dcoco::cuda::workspace_sizes(p);
+    const auto [floats, ints] =
+        launch ? std::pair(plan.workspace_floats, plan.counter_ints) : dcoco::cuda::workspace_sizes(p);
     workspace.assign(floats, __int_as_float(0x7fc00000)), counters.assign(ints, 0);
     p.workspace = workspace.data(), p.counters = counters.data();
     if (launch)
       emu::launch(dim3(unsigned(plan.ctas)), dim3(dcoco::cuda::kThreads), size_t(launch),
-                  [&] { dcoco::cuda::correct_kernel<Arch::simt>(p, dev.sms, cap); });
+                  [&] { dcoco::cuda::forward_kernel<Arch::simt>(p, dev.sms, cap); });
     else
-      dcoco::cuda::correct(p);
+      dcoco::cuda::forward(p);
     std::printf("path %s\n", launch ? "simt" : dcoco::cuda::cuda_path().c_str());
 #if defined(DCOCO_EMULATE_MMA)
     const auto [devices, name] = dcoco::cuda::status();
@@ -67,12 +68,13 @@ int main(int argc, char** argv) {
   }
   if (counters[plan.ticket] != plan.ctas) return 3;  // every CTA took exactly one ticket
   for (int64_t g = 0; g < plan.groups; ++g)
-    if (counters[plan.group_done + g] != plan.g_nt) return 4;  // every stage-2 tile arrived
-  for (int64_t q = 0; q < p.R && plan.grid; ++q)  // every grid tile of the request arrived
-    if (counters[plan.grid_done + q] != (p.B - 1) * plan.chunks) return 4;
-  std::printf("ksplit %ld G %ld smem %ld stage tiles %ld %ld %ld %ld walk %s\n", long(plan.ksplit), long(plan.G),
-              long(plan.smem), long(plan.stage1), long(plan.stage2), long(plan.stage3), long(plan.stage4),
-              !plan.grid ? "rows" : plan.smem_grid ? "grid-smem" : "grid");
+    if (counters[plan.group_done + g] != plan.fuse_col_tiles) return 4;  // every stage-2 tile arrived
+  for (int64_t q = 0; q < p.R && plan.has_grid; ++q)  // every grid tile of the request arrived
+    if (counters[plan.grid_done + q] != (p.B - 1) * plan.tiles_per_transition) return 4;
+  std::printf("ksplit %ld G %ld smem %ld stage tiles %ld %ld %ld %ld walk %s\n", long(plan.k_splits),
+              long(plan.group_slots), long(plan.smem), long(plan.project_tiles), long(plan.fuse_tiles),
+              long(plan.score_tiles), long(plan.walk_tiles),
+              !plan.has_grid ? "rows" : plan.grid_in_smem ? "grid-smem" : "grid");
   if (want_scores) write_file(dir + "/scores.bin", scores.data(), scores.size());
   write_file(dir + "/ranks.bin", ranks.data(), ranks.size());
   write_file(dir + "/tokens.bin", tokens.data(), tokens.size());

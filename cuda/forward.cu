@@ -11,7 +11,7 @@
 #include "cand_table.cuh"
 #include "check.cuh"
 #include "dcoco/api.h"
-#include "fused_correct.cuh"
+#include "fused_forward.cuh"
 
 namespace dcoco::cuda {
 
@@ -24,7 +24,7 @@ struct Device {
   int index, sms;
   Arch best;                  // the fastest path of the code the runtime loaded for it
   int64_t optin;              // its opt-in shared memory per block
-  int64_t static_smem[4];     // correct_kernel<A>'s static shared memory, per Arch
+  int64_t static_smem[4];     // forward_kernel<A>'s static shared memory, per Arch
   char name[16];              // sm_XY
 };
 
@@ -38,10 +38,10 @@ struct Launch {
 
 const void* kernel_of(Arch a) {
   switch (a) {
-    case Arch::sm100: return reinterpret_cast<const void*>(correct_kernel<Arch::sm100>);
-    case Arch::sm90: return reinterpret_cast<const void*>(correct_kernel<Arch::sm90>);
-    case Arch::sm80: return reinterpret_cast<const void*>(correct_kernel<Arch::sm80>);
-    default: return reinterpret_cast<const void*>(correct_kernel<Arch::simt>);
+    case Arch::sm100: return reinterpret_cast<const void*>(forward_kernel<Arch::sm100>);
+    case Arch::sm90: return reinterpret_cast<const void*>(forward_kernel<Arch::sm90>);
+    case Arch::sm80: return reinterpret_cast<const void*>(forward_kernel<Arch::sm80>);
+    default: return reinterpret_cast<const void*>(forward_kernel<Arch::simt>);
   }
 }
 
@@ -86,7 +86,7 @@ Launch current_launch() {
 }
 
 template <Arch A>
-void launch(const CorrectParams& p, const Plan& l, const Launch& at) {
+void launch(const ForwardParams& p, const Plan& l, const Launch& at) {
   // The dynamic shared memory limit is raised once per device, kernel and size (not a stream operation, so the
   // first call may even happen under graph capture); racing threads set the same value.
   static std::atomic<int64_t> raised[kMaxDevices];
@@ -95,11 +95,11 @@ void launch(const CorrectParams& p, const Plan& l, const Launch& at) {
           "dcoco.correct: " + std::to_string(l.smem) + " bytes of shared memory not available");
     raised[at.dev.index].store(l.smem);
   }
-  DCOCO_LAUNCH(correct_kernel<A>, unsigned(l.ctas), kThreads, size_t(l.smem), static_cast<cudaStream_t>(p.stream))(
+  DCOCO_LAUNCH(forward_kernel<A>, unsigned(l.ctas), kThreads, size_t(l.smem), static_cast<cudaStream_t>(p.stream))(
       p, at.dev.sms, at.smem_cap);
 }
 
-Plan fitting_plan(const CorrectParams& p, const Launch& at) {
+Plan fitting_plan(const ForwardParams& p, const Launch& at) {
   const Plan l = plan_of(p, at.dev.sms, at.smem_cap);
   if (!l.fits)
     throw std::invalid_argument("dcoco.correct: needs " + std::to_string(l.smem) + " bytes of shared memory per " +
@@ -112,12 +112,12 @@ Plan fitting_plan(const CorrectParams& p, const Launch& at) {
 
 std::string cuda_path() { return arch_name(current_launch().path); }
 
-std::pair<int64_t, int64_t> workspace_sizes(const CorrectParams& p) {
+std::pair<int64_t, int64_t> workspace_sizes(const ForwardParams& p) {
   const Plan l = fitting_plan(p, current_launch());
-  return {l.floats, l.ints};
+  return {l.workspace_floats, l.counter_ints};
 }
 
-void correct(const CorrectParams& p) {
+void forward(const ForwardParams& p) {
   if (p.R == 0) return;
   if (!p.workspace || !p.counters) throw std::invalid_argument("dcoco.correct: CUDA workspace missing");
   const Launch at = current_launch();

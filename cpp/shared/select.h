@@ -1,6 +1,7 @@
 // Path selection for request q of a SelectParams batch, shared by the CPU loop and the CUDA kernel.
 #pragma once
 #include "dcoco/params.h"
+#include "dcoco/walk.h"
 
 namespace dcoco {
 
