@@ -9,7 +9,7 @@ import subprocess
 
 import pytest
 
-from test_cuda_emulated import build
+from helpers.emulate import build
 
 
 @pytest.mark.parametrize("arch", ["sm80", "sm90", "sm100"])
