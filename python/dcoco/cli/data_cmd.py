@@ -52,10 +52,11 @@ def run(args: argparse.Namespace) -> int:
         else:
             from transformers import AutoTokenizer
             tok = AutoTokenizer.from_pretrained(args.target)
-        res = datagen.run(tok, args.endpoint, args.model, args.input, args.out, args.hub, args.split, args.shard,
-                          args.num_shards, args.limit, args.max_prompt_tokens, args.max_response_tokens, args.thinking,
-                          args.chat_template_kwargs, args.concurrency, args.timeout, not args.retokenize,
-                          progress=not args.no_progress)
+        cfg = datagen.GenerateConfig(
+            args.endpoint, args.model, args.input, args.out, args.hub, args.split, args.shard, args.num_shards,
+            args.limit, args.max_prompt_tokens, args.max_response_tokens, args.thinking, args.chat_template_kwargs,
+            args.concurrency, args.timeout, server_token_ids=not args.retokenize)
+        res = datagen.run(tok, cfg, progress=not args.no_progress)
     print(f"dcoco data generate: {res['written']} conversations ({res['samples']} samples) written, "
           f"{res['skipped']} already there, {res['failed']} failed (rerun to retry), {res['prompt_mismatches']} "
           f"prompts tokenized differently by the server -> {res['path']}")

@@ -14,6 +14,7 @@ Output: `<out>/shard-<i>-of-<n>.jsonl`, one line per conversation {"source", "ro
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 import sys
 from collections.abc import Iterator, Sequence
@@ -98,19 +99,38 @@ def load(folder: str | Path) -> list[tuple[list[int], list[int]]]:
     return [(s["prompt_ids"], s["response_ids"]) for r in recs for s in r["samples"] if s["response_ids"]]
 
 
+@dataclasses.dataclass(frozen=True)
+class GenerateConfig:
+    """What `dcoco data generate` asks of the server: where, which conversations, and how each turn is asked."""
+    endpoint: str
+    model: str
+    inputs: Sequence[str | Path]  # chat JSONL files or folders
+    out: str | Path
+    hub: Sequence[str] = ()       # hub datasets, fetched when online
+    split: str = "train"
+    shard: int = 0
+    num_shards: int = 1
+    limit: int | None = None
+    max_prompt_tokens: int = 2048
+    max_response_tokens: int = 1024
+    thinking: bool = False
+    template_kwargs: dict | None = None
+    concurrency: int = 16
+    timeout: float = 600.0
+    server_token_ids: bool = True  # ask for the generated ids (vLLM's return_token_ids) instead of re-tokenizing
+
+
 class Generator:
     """Turns a conversation's user turns into samples through a chat server, one turn at a time (each answer in
     the context of the next turn); prompts are tokenized with the target's tokenizer and its chat template."""
 
-    def __init__(self, tokenizer, endpoint: str, model: str, max_prompt_tokens: int = 2048,
-                 max_response_tokens: int = 1024, thinking: bool = False, template_kwargs: dict | None = None,
-                 server_token_ids: bool = True):
-        self.tok, self.base, self.model = tokenizer, endpoint.rstrip("/").removesuffix("/v1"), model
-        self.max_prompt, self.max_response = max_prompt_tokens, max_response_tokens
-        self.kwargs = {"enable_thinking": thinking, **(template_kwargs or {})}
-        self.body = {"model": model, "max_tokens": max_response_tokens, "temperature": 0.0, "stream": False,
+    def __init__(self, tokenizer, cfg: GenerateConfig):
+        self.tok, self.base, self.model = tokenizer, cfg.endpoint.rstrip("/").removesuffix("/v1"), cfg.model
+        self.max_prompt, self.max_response = cfg.max_prompt_tokens, cfg.max_response_tokens
+        self.kwargs = {"enable_thinking": cfg.thinking, **(cfg.template_kwargs or {})}
+        self.body = {"model": cfg.model, "max_tokens": cfg.max_response_tokens, "temperature": 0.0, "stream": False,
                      "chat_template_kwargs": self.kwargs}
-        if server_token_ids:
+        if cfg.server_token_ids:
             self.body["return_token_ids"] = True  # vLLM: the generated ids themselves, no re-tokenizing
         self.eos = [] if tokenizer.eos_token_id is None else [tokenizer.eos_token_id]
         self.mismatches = 0  # samples whose prompt ids the server tokenized differently
@@ -155,34 +175,30 @@ class Generator:
         return {"source": source, "row": row, "samples": samples}
 
 
-def run(tokenizer, endpoint: str, model: str, inputs_: Sequence[str | Path], out: str | Path, hub: Sequence[str] = (),
-        split: str = "train", shard: int = 0, num_shards: int = 1, limit: int | None = None,
-        max_prompt_tokens: int = 2048, max_response_tokens: int = 1024, thinking: bool = False,
-        template_kwargs: dict | None = None, concurrency: int = 16, timeout: float = 600.0,
-        server_token_ids: bool = True, progress: bool = True) -> dict:
+def run(tokenizer, cfg: GenerateConfig, progress: bool = True) -> dict:
     """Everything `dcoco data generate` does: this shard's conversations (every num_shards-th, from shard) not yet
-    in out, concurrency at a time. Returns {written, failed, skipped, samples, prompt_mismatches, path}."""
-    for name, v, lo in (("--num-shards", num_shards, 1), ("--concurrency", concurrency, 1),
-                        ("--max-prompt-tokens", max_prompt_tokens, 1),
-                        ("--max-response-tokens", max_response_tokens, 1)):
+    in cfg.out, cfg.concurrency at a time. Returns {written, failed, skipped, samples, prompt_mismatches, path}."""
+    for name, v, lo in (("--num-shards", cfg.num_shards, 1), ("--concurrency", cfg.concurrency, 1),
+                        ("--max-prompt-tokens", cfg.max_prompt_tokens, 1),
+                        ("--max-response-tokens", cfg.max_response_tokens, 1)):
         if v < lo:
             raise ValueError(f"{name}: expected an integer >= {lo}, got {v}")
-    if not 0 <= shard < num_shards:
-        raise ValueError(f"--shard: expected 0..{num_shards - 1}, got {shard}")
-    if not inputs_ and not hub:
+    if not 0 <= cfg.shard < cfg.num_shards:
+        raise ValueError(f"--shard: expected 0..{cfg.num_shards - 1}, got {cfg.shard}")
+    if not cfg.inputs and not cfg.hub:
         raise ValueError("--input: give chat JSONL files or folders (or --hub DATASET)")
-    gen = Generator(tokenizer, endpoint, model, max_prompt_tokens, max_response_tokens, thinking, template_kwargs,
-                    server_token_ids)
+    gen = Generator(tokenizer, cfg)
     if not gen.base.startswith(("http://", "https://")):
-        raise ValueError(f"--endpoint: expected an http(s):// URL, got {endpoint!r}")
-    out = Path(out)
+        raise ValueError(f"--endpoint: expected an http(s):// URL, got {cfg.endpoint!r}")
+    out = Path(cfg.out)
     out.mkdir(parents=True, exist_ok=True)
-    path = out / f"shard-{shard:05d}-of-{num_shards:05d}.jsonl"
+    path = out / f"shard-{cfg.shard:05d}-of-{cfg.num_shards:05d}.jsonl"
     done = done_keys(path)
-    todo = [c for k, c in enumerate(inputs(inputs_, hub, split)) if k % num_shards == shard][:limit]
+    todo = [c for k, c in enumerate(inputs(cfg.inputs, cfg.hub, cfg.split))
+            if k % cfg.num_shards == cfg.shard][:cfg.limit]
     skipped = sum((s, r) in done for s, r, *_ in todo)
     todo = [c for c in todo if (c[0], c[1]) not in done]
-    counts = asyncio.run(_generate(gen, todo, path, concurrency, timeout, progress))
+    counts = asyncio.run(_generate(gen, todo, path, cfg.concurrency, cfg.timeout, progress))
     return {**counts, "skipped": skipped, "prompt_mismatches": gen.mismatches, "path": str(path)}
 
 
