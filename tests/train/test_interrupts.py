@@ -39,6 +39,8 @@ runs.os.replace = dying
 sys.exit(cli.main(sys.argv[2:]))
 """
 
+pytestmark = pytest.mark.slow  # each test runs dcoco train in a subprocess, twice
+
 
 @pytest.fixture(scope="module")
 def dirs(tmp_path_factory):

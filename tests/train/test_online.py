@@ -130,6 +130,7 @@ def test_recipe_online_from_prompts_generates_what_the_cache_does(target_dir, ca
         recipe.run(cfg, **{**kw, "features": "disk"})
 
 
+@pytest.mark.slow
 def test_torchrun_sharded_target_changes_nothing(target_dir, data_dir, tmp_path):
     """2 gloo ranks, joint mode, online features from a data folder, held-out evaluation with unequal shares: the
     FSDP2-sharded target gives bit for bit the run of the unsharded one."""

@@ -453,6 +453,7 @@ out = "{tmp_path / 's2'}"
         cli.main(argv)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("backend", ["fused", "native"])
 def test_torchrun_two_cpu_ranks_end_equal(target_dir, corpus, tmp_path, backend):
     """DDP with gloo, joint training, on each backend (DCOCO_BACKEND reaches every rank)."""
