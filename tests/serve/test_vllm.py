@@ -26,6 +26,7 @@ from dcoco.serve import vllm_plugin  # noqa: E402
 from helpers import vllm_probes as probes  # noqa: E402
 from helpers.tiny_vllm import N, PROMPTS, V, close, generate, make_drafter, make_target, spec_counters  # noqa: E402
 
+
 @pytest.fixture(scope="module")
 def models(tmp_path_factory):
     root = tmp_path_factory.mktemp("vllm")

@@ -38,17 +38,6 @@ class Scripted(DFlashDrafter):
 
 
 @pytest.fixture(scope="module")
-def target():
-    return llama(64, 0)
-
-
-@pytest.fixture(scope="module")
-def refs(target):
-    """Target-only greedy continuation (40 tokens) of each prompt."""
-    return [target_only(target, p, 40, eos_token_id=None).tokens for p in PROMPTS]
-
-
-@pytest.fixture(scope="module")
 def oracle(target):
     """Drafts oracle.seq (set it to prompt + greedy reference) after the anchor, one slot wrong every third round."""
     def script(anchor: int, C: int) -> list[int]:

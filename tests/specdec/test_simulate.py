@@ -10,7 +10,7 @@ import torch
 
 pytest.importorskip("transformers", reason="the engine needs transformers (pip install '.[demo]')")
 
-from helpers.tiny_models import BS, PROMPTS, corrector, dflash_cfg, llama  # noqa: E402
+from helpers.tiny_models import BS, PROMPTS, corrector, dflash_cfg  # noqa: E402
 
 from dcoco.modeling.dflash import DFlashDrafter  # noqa: E402
 from dcoco.modeling.selector import CandidateSelector  # noqa: E402
@@ -43,16 +43,6 @@ class Scripted(DFlashDrafter):
             logits[torch.arange(BS - 1), torch.tensor(want)] = 3.0
             out[n, a, 1:] = logits @ self.pinv.T
         return out
-
-
-@pytest.fixture(scope="module")
-def target():
-    return llama(64, 0)
-
-
-@pytest.fixture(scope="module")
-def refs(target):
-    return [target_only(target, p, 40, eos_token_id=None).tokens for p in PROMPTS]
 
 
 def selector(seed: int = 0) -> CandidateSelector:
