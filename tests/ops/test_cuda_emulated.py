@@ -19,6 +19,8 @@ from dcoco.ops.checks import RULES
 from helpers.cases import assert_walk_matches, make_case
 from helpers.emulate import build
 
+pytestmark = pytest.mark.slow  # g++ builds the emulated runners first: minutes on 2 cores
+
 
 @pytest.fixture(scope="module")
 def runner(tmp_path_factory):

@@ -11,6 +11,8 @@ import pytest
 
 from helpers.emulate import build
 
+pytestmark = pytest.mark.slow  # g++ builds the emulated runners first: minutes on 2 cores
+
 
 @pytest.mark.parametrize("arch", ["sm80", "sm90", "sm100"])
 def test_emulated_tensor_core_policy(tmp_path_factory, arch):
