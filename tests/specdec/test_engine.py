@@ -150,6 +150,7 @@ def _chi2_p(counts: torch.Tensor, expected: torch.Tensor) -> float:
     return float(stats.chisquare(obs[keep], exp[keep] * obs.sum() / exp[keep].sum()).pvalue)
 
 
+@pytest.mark.slow  # each case samples thousands of rounds: about 20 s on 2 cores
 @pytest.mark.parametrize("with_corrector, method", [(False, "greedy"), (True, "greedy"), (True, "probabilistic")])
 def test_sampling_lossless(with_corrector, method):
     V, prompt, kw, n = 12, [1, 5, 3], dict(temperature=0.9, top_p=0.95, top_k=0), 1500
