@@ -6,6 +6,7 @@ from __future__ import annotations
 import warnings
 
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 from .ops import fused, backend, native
@@ -22,14 +23,26 @@ class Corrector(nn.Module):
     The token-embedding table is frozen and passed to every call, never a parameter. num_candidates is the
     K the corrector is meant for (checkpoint metadata); no parameter depends on it, and calls accept any
     K up to dcoco.MAX_CANDIDATES.
+
+    anchor_transition (off by default: the paper's DCOCO): the extension of docs/spec.md ("The anchor transition"),
+    with the same parameters. The anchor (the block's first input, the last verified token t_0) is a slot 0 whose
+    one candidate is t_0 with logit 0 and whose hidden state is the drafter's at that position, so slot 1 is
+    re-ranked too: S_0(b) = l_1(b) + Delta(0, b). Every call then takes hidden (R,B+1,d), position 0 the anchor's,
+    and anchor_ids (R,); cand_ids / cand_logits stay (R,B,K). Inside, slot 0 carries K copies of the anchor (one
+    grid shape for every slot), so the compiled core and the native path run unchanged over B+1 slots: the
+    greedy walk starts at slot 0's rank 0 (its logits are all 0) and its grid rows are all S_0.
     """
 
-    def __init__(self, hidden_size: int, num_candidates: int = 16, width: int = 128, mlp_hidden: int = 256):
+    def __init__(self, hidden_size: int, num_candidates: int = 16, width: int = 128, mlp_hidden: int = 256,
+                 anchor_transition: bool = False):
         super().__init__()
         for name, v, lo in (("hidden_size", hidden_size, 1), ("num_candidates", num_candidates, 1),
                             ("width", width, 2), ("mlp_hidden", mlp_hidden, 1)):
             if not isinstance(v, int) or v < lo:
                 raise ValueError(f"{name}: expected an integer >= {lo}, got {v!r}")
+        if not isinstance(anchor_transition, bool):
+            raise TypeError(f"anchor_transition: expected a bool, got {anchor_transition!r}")
+        self.anchor_transition = anchor_transition
         if num_candidates > fused.MAX_CANDIDATES:
             raise ValueError(f"num_candidates: at most {fused.MAX_CANDIDATES} (the compiled maximum), got {num_candidates}")
         d, r, H = hidden_size, width, mlp_hidden
@@ -47,13 +60,15 @@ class Corrector(nn.Module):
 
     def extra_repr(self) -> str:
         return (f"hidden_size={self.hidden_size}, num_candidates={self.num_candidates}, width={self.width}, "
-                f"mlp_hidden={self.mlp_hidden}")
+                f"mlp_hidden={self.mlp_hidden}" + (", anchor_transition=True" if self.anchor_transition else ""))
 
     def flops(self, B: int, K: int) -> dict[str, int]:
-        """Multiply-adds x 2 for one block of B slots and K candidates, without the prepared embedding table:
-        "grid" scores all (B-1) K^2 transitions (what L_corr and the path rules use), "greedy" only the chosen
-        predecessor's row per slot (the prefix-first walk dcoco serves)."""
+        """Multiply-adds x 2 for one block of B drafted slots and K candidates, without the prepared embedding
+        table: "grid" scores all (B-1) K^2 transitions (what L_corr and the path rules use), "greedy" only the
+        chosen predecessor's row per slot (the prefix-first walk dcoco serves). With the anchor transition, what
+        is computed: B+1 slots, slot 0's K candidates all the anchor."""
         d, r, H = self.hidden_size, self.width, self.mlp_hidden
+        B += self.anchor_transition
         fixed = B * K * d * r + B * d * r + B * K * 2 * r * r + (B - 1) * 2 * d * r
         pair = (3 * r + 2) * H + H
         return {"grid": 2 * (fixed + (B - 1) * K * K * pair), "greedy": 2 * (fixed + (B - 1) * K * pair)}
@@ -65,8 +80,10 @@ class Corrector(nn.Module):
                 self.mlp[2].weight, self.mlp[2].bias)
 
     def score(self, hidden: torch.Tensor, cand_ids: torch.Tensor, cand_logits: torch.Tensor,
-              embed: torch.Tensor | None = None) -> torch.Tensor:
+              embed: torch.Tensor | None = None, anchor_ids: torch.Tensor | None = None) -> torch.Tensor:
         """scores[r,p,a,b] = S_{p+1}(a,b): float32 (R,B-1,K,K) for hidden (R,B,d), cand_ids/cand_logits (R,B,K).
+        With the anchor transition: (R,B,K,K) for hidden (R,B+1,d) and anchor_ids (R,), scores[:, 0, a, b] =
+        S_0(b) for every a and scores[:, p] = S_p for p >= 1; walk_inputs splits them for select and the loss.
 
         Differentiable in hidden, cand_logits and every parameter (the fused backend's compiled backward, or
         autograd through the native path); embed (frozen) and the ids get no gradient. float64 inputs compute
@@ -74,6 +91,7 @@ class Corrector(nn.Module):
         prepared vocabulary table (prepare_inference) instead of projecting the candidates' embedding rows.
         embed None: the table of prepare_inference(embed, table_only=True), no gradient (the native path)."""
         fused.require_tensors(hidden=hidden, cand_ids=cand_ids, cand_logits=cand_logits)
+        hidden, cand_ids, cand_logits = self._slots(hidden, cand_ids, cand_logits, anchor_ids)
         wanted = torch.is_grad_enabled() and (hidden.requires_grad or cand_logits.requires_grad or
                                               any(p.requires_grad for p in self.parameters()))
         if embed is None:
@@ -91,18 +109,54 @@ class Corrector(nn.Module):
         return torch.ops.dcoco.score(hidden, cand_ids, cand_logits, embed, *self.weights())
 
     def forward(self, hidden: torch.Tensor, cand_ids: torch.Tensor, cand_logits: torch.Tensor,
-                embed: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+                embed: torch.Tensor | None = None, anchor_ids: torch.Tensor | None = None
+                ) -> tuple[torch.Tensor, torch.Tensor]:
         """Prefix-first greedy re-selection (one call of the fused core, or the native walk): (ranks, tokens),
-        both int64 (R,B). embed None: the table of prepare_inference(embed, table_only=True)."""
+        both int64 (R,B). embed None: the table of prepare_inference(embed, table_only=True). With the anchor
+        transition, hidden is (R,B+1,d) and anchor_ids (R,): the walk starts from the anchor, so k_1 =
+        argmax_b S_0(b)."""
         fused.require_tensors(hidden=hidden, cand_ids=cand_ids, cand_logits=cand_logits)
+        hidden, cand_ids, cand_logits = self._slots(hidden, cand_ids, cand_logits, anchor_ids)
         if embed is None:
             embed = self._table_only()
         fused.require_tensors(embed=embed)
         prepared = self._fresh_prepared(embed)
         table, weights = (None, self.weights()) if prepared is None else prepared[1:]
         if backend.native(hidden.device):
-            return native.correct(hidden, cand_ids, cand_logits, embed, weights, table)
-        return torch.ops.dcoco.correct(hidden, cand_ids, cand_logits, embed, *weights, table)
+            ranks, tokens = native.correct(hidden, cand_ids, cand_logits, embed, weights, table)
+        else:
+            ranks, tokens = torch.ops.dcoco.correct(hidden, cand_ids, cand_logits, embed, *weights, table)
+        return (ranks[:, 1:], tokens[:, 1:]) if self.anchor_transition else (ranks, tokens)
+
+    def walk_inputs(self, scores: torch.Tensor, cand_logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """(first, grid) from score()'s output: what select, sample and correction_loss take. first (R,K) scores
+        slot 1's candidates: the drafter's logits l_1, or S_0 with the anchor transition (row 0 of the anchor's
+        grid; correction_loss's anchor_scores); grid (R,B-1,K,K) holds S_1..S_{B-1}."""
+        if self.anchor_transition:
+            return scores[:, 0, 0], scores[:, 1:]
+        return cand_logits[:, 0], scores
+
+    def _slots(self, hidden: torch.Tensor, cand_ids: torch.Tensor, cand_logits: torch.Tensor,
+               anchor_ids: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """The core's inputs: as given, or with the anchor as slot 0 (K copies of its id, logits 0)."""
+        if not self.anchor_transition:
+            if anchor_ids is not None:
+                raise ValueError("anchor_ids: this corrector has no anchor transition (anchor_transition=False); "
+                                 "pass None")
+            return hidden, cand_ids, cand_logits
+        if not isinstance(anchor_ids, torch.Tensor):
+            raise ValueError(f"anchor_ids: the anchor transition is on: expected the (R,) anchor tokens, got "
+                             f"{type(anchor_ids).__name__}")
+        if hidden.dim() != 3 or cand_ids.dim() != 3 or hidden.shape[:2] != (cand_ids.shape[0], cand_ids.shape[1] + 1):
+            raise ValueError(f"hidden: the anchor transition is on: expected (R,B+1,d), position 0 the anchor's, for "
+                             f"cand_ids (R,B,K); got {tuple(hidden.shape)} and {tuple(cand_ids.shape)}")
+        R, _, K = cand_ids.shape
+        if anchor_ids.shape != (R,) or anchor_ids.dtype not in (torch.int32, torch.int64) or \
+                anchor_ids.device != cand_ids.device:
+            raise ValueError(f"anchor_ids: expected an int32/int64 ({R},) tensor on {cand_ids.device}, got "
+                             f"{anchor_ids.dtype} {tuple(anchor_ids.shape)} on {anchor_ids.device}")
+        ids = torch.cat([anchor_ids.to(cand_ids.dtype)[:, None, None].expand(R, 1, K), cand_ids], 1)
+        return hidden, ids, F.pad(cand_logits, (0, 0, 1, 0))
 
     @torch.no_grad()
     def prepare_inference(self, embed: torch.Tensor, table_only: bool = False) -> torch.Tensor:

@@ -12,7 +12,7 @@ from .ops import checks
 
 
 def correction_loss(scores: torch.Tensor, cand_ids: torch.Tensor, target_ids: torch.Tensor, valid: torch.Tensor,
-                    rho: float = 4.0) -> torch.Tensor:
+                    rho: float = 4.0, anchor_scores: torch.Tensor | None = None) -> torch.Tensor:
     """L_corr = -(1/Z) sum_{r,p} w_p m_p log softmax_{(a,b) in KxK}(S_p)[a*_p, b*_p], a scalar.
 
     scores (R,B-1,K,K): scores[r,p-1,a,b] = S_p(a,b), the transition from slot p to p+1 (p = 1..B-1).
@@ -23,6 +23,10 @@ def correction_loss(scores: torch.Tensor, cand_ids: torch.Tensor, target_ids: to
     are both valid and both labels are found; w_p = exp(-(p-1)/rho); Z = max(1, sum_{r,p} w_p m_p) over the
     whole batch (one weighted mean, not a mean of per-block means). With no supervised transition the loss
     is 0 with zero gradient. Computed in float32 at least (float64 stays float64); differentiable in scores.
+
+    anchor_scores (R,K): S_0 of the anchor transition (Corrector.walk_inputs' first), for the extension's term
+    -w_0 m_0 log softmax_b(S_0)[b*_1], a softmax over slot 1's K candidates, w_0 = 1, m_0 = 1 iff slot 1 is valid
+    and its label found; Z includes w_0 m_0. None: the paper's loss.
     """
     checks.tensor("scores", scores, 4, "float")
     checks.tensor("cand_ids", cand_ids, 3, "int")
@@ -39,6 +43,11 @@ def correction_loss(scores: torch.Tensor, cand_ids: torch.Tensor, target_ids: to
     for name, t in (("cand_ids", cand_ids), ("target_ids", target_ids), ("valid", valid)):
         if t.device != scores.device:
             raise ValueError(f"{name}: on {t.device}, scores on {scores.device}")
+    if anchor_scores is not None:
+        checks.tensor("anchor_scores", anchor_scores, 2, "float")
+        if anchor_scores.shape != (R, K) or anchor_scores.device != scores.device:
+            raise ValueError(f"anchor_scores: expected shape {(R, K)} on {scores.device} to match scores, got "
+                             f"{tuple(anchor_scores.shape)} on {anchor_scores.device}")
     if isinstance(rho, bool) or not isinstance(rho, (int, float)) or not math.isfinite(rho) or rho <= 0:
         raise ValueError(f"rho: expected a finite number > 0, got {rho!r}")
 
@@ -52,4 +61,10 @@ def correction_loss(scores: torch.Tensor, cand_ids: torch.Tensor, target_ids: to
     logp = F.log_softmax(scores.to(wm.dtype).reshape(R, T, K * K), -1)
     picked = logp.gather(-1, (rank[:, :-1] * K + rank[:, 1:])[..., None]).squeeze(-1)
     picked = torch.where(m, picked, torch.zeros_like(picked))             # a dropped -inf must not give NaN
-    return -(wm * picked).sum() / wm.sum().clamp_min(1.0)
+    total, weight = (wm * picked).sum(), wm.sum()
+    if anchor_scores is not None:
+        m0 = ok[:, 0]
+        logp0 = F.log_softmax(anchor_scores.to(wm.dtype), -1).gather(-1, rank[:, :1]).squeeze(-1)
+        total = total + torch.where(m0, logp0, torch.zeros_like(logp0)).sum()
+        weight = weight + m0.sum()
+    return -total / weight.clamp_min(1.0)

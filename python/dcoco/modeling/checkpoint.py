@@ -1,7 +1,8 @@
 """The serving checkpoint: the DFlash layout (what vLLM's DFlash loader reads) plus the corrector.
 
 config.json: the drafter's DFlash config with `architectures: ["DFlashDCOCODraftModel"]` and
-`dcoco_config: {num_candidates, width, mlp_hidden, selection}`; model.safetensors: the drafter's tensors
+`dcoco_config: {num_candidates, width, mlp_hidden, selection, anchor_transition}` (anchor_transition absent: off,
+the paper's corrector); model.safetensors: the drafter's tensors
 and the corrector's under `corrector.` (Corrector's state_dict names). Without a corrector it is a plain
 DFlash checkpoint."""
 
@@ -38,7 +39,8 @@ def save(path: str | Path, drafter: DFlashDrafter, corrector: Corrector | None =
     if selection not in fused.RULES:
         raise ValueError(f"selection: expected one of {sorted(fused.RULES)}, got {selection!r}")
     dcoco_config = {"num_candidates": corrector.num_candidates, "width": corrector.width,
-                    "mlp_hidden": corrector.mlp_hidden, "selection": selection}
+                    "mlp_hidden": corrector.mlp_hidden, "selection": selection,
+                    "anchor_transition": corrector.anchor_transition}
     drafter.save_pretrained(path, extra_tensors={PREFIX + k: v for k, v in corrector.state_dict().items()},
                             config_update={"architectures": [ARCHITECTURE], "dcoco_config": dcoco_config},
                             dtype=dtype)
@@ -61,7 +63,8 @@ def load(path: str | Path, dtype: torch.dtype | None = None,
                                             skip_prefix=PREFIX)
     tensors = {k[len(PREFIX):]: v for k, v in read_tensors(path, lambda k: k.startswith(PREFIX)).items()}
     with torch.device("meta"):
-        corrector = Corrector(drafter.config.hidden_size, dc["num_candidates"], dc["width"], dc["mlp_hidden"])
+        corrector = Corrector(drafter.config.hidden_size, dc["num_candidates"], dc["width"], dc["mlp_hidden"],
+                              dc["anchor_transition"])
     check_state(tensors, {k: v.shape for k, v in corrector.state_dict().items()}, str(path),
                 "corrector tensors do not match dcoco_config", PREFIX)
     dtype = dtype or drafter.fc.weight.dtype
@@ -97,4 +100,7 @@ def dcoco_config(dc, path: Path) -> dict:
     if dc.get("selection") not in fused.RULES:
         raise ValueError(f"{path}: dcoco_config.selection: expected one of {sorted(fused.RULES)}, "
                          f"got {dc.get('selection')!r}")
-    return dc
+    anchor = dc.get("anchor_transition", False)
+    if not isinstance(anchor, bool):
+        raise ValueError(f"{path}: dcoco_config.anchor_transition: expected true or false, got {anchor!r}")
+    return {**dc, "anchor_transition": anchor}

@@ -52,3 +52,29 @@ def forward(hidden, cand_ids, cand_logits, embed, *weights) -> tuple[torch.Tenso
     scores = score(hidden, cand_ids, cand_logits, embed, *weights)
     ranks = greedy(scores, cand_logits[:, 0].to(scores.dtype))
     return ranks, torch.gather(cand_ids.long(), 2, ranks[..., None])[..., 0]
+
+
+def anchor_scores(hidden, cand_ids, cand_logits, anchor_ids, embed, cand_proj, ctx_proj, fuse_proj, fuse_norm_weight,
+                  fuse_norm_bias, pair_proj, mlp0_weight, mlp0_bias, mlp2_weight, mlp2_bias) -> torch.Tensor:
+    """The anchor transition, literally: S_0 (R,K) = l_1(b) + MLP([s_0 ; z_0 ; z_1b ; 0 ; l_1(b)]) with
+    z_0 = LN_gb(W_fuse [LN(W_cand E[t_0]) ; LN(W_ctx h_0)]), s_0 = W_pair [h_0 ; h_1]; hidden (R,B+1,d), position 0
+    the anchor's, cand_ids / cand_logits (R,B,K), anchor_ids (R,)."""
+    dt = torch.promote_types(hidden.dtype, torch.float32)
+    h, l = hidden.to(dt), cand_logits.to(dt)
+    Wc, Wx, Wf, gamma, beta, Wp, W1, b1, W2, b2 = (t.to(dt) for t in (
+        cand_proj, ctx_proj, fuse_proj, fuse_norm_weight, fuse_norm_bias, pair_proj, mlp0_weight, mlp0_bias,
+        mlp2_weight, mlp2_bias))
+    R, _, K = cand_ids.shape
+    r = Wc.shape[0]
+
+    def z(ids, hid):  # ids (R,n), hid (R,d) -> (R,n,r)
+        b = F.layer_norm(embed[ids.long()].to(dt) @ Wc.T, (r,), eps=1e-5)
+        g = F.layer_norm(hid @ Wx.T, (r,), eps=1e-5)[:, None].expand_as(b)
+        return F.layer_norm(torch.cat([b, g], -1) @ Wf.T, (r,), gamma, beta, eps=1e-5)
+
+    z0 = z(anchor_ids[:, None], h[:, 0])                                        # (R,1,r)
+    z1 = z(cand_ids[:, 0], h[:, 1])                                             # (R,K,r)
+    s0 = torch.cat([h[:, 0], h[:, 1]], -1) @ Wp.T                               # (R,r)
+    x = torch.cat([s0[:, None].expand(R, K, r), z0.expand(R, K, r), z1, torch.zeros_like(l[:, 0, :, None]),
+                   l[:, 0, :, None]], -1)                                       # (R,K,3r+2)
+    return l[:, 0] + (F.gelu(x @ W1.T + b1) @ W2.T + b2)[..., 0]
