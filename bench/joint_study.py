@@ -14,6 +14,10 @@ blocks). The arms:
   warm-cg<w>-rho<r>  the same with L_corr's position decay rho = r (4: the paper's)
   warm-cg<w>-acc<n>  the same with n micro-batches per optimizer step and n times fewer steps: the same blocks and
                   CPU time, a less noisy gradient (suffixes combine: warm-cg1-rho1-acc4)
+  anchor          the demo's anchor-aware corrector (beyond the paper: it re-ranks slot 1 against the anchor),
+                  trained like the frozen-drafter corrector on the same cached outputs
+  dflash2         the demo's DFlash2 selector on the same frozen drafter; with it, every row also gets its ratio
+                  over the selector
 
 Each arm is trained once (resumable; stages cached under $DCOCO_CACHE/demo-full/study, the warm arms with the
 demo's joint-stage recipe in the demo's own dcoco-drafter and online folders) and simulated once on
@@ -48,16 +52,20 @@ from dcoco.specdec.engine import Engine
 from dcoco.train.training import Objective, Schedule, TrainConfig
 
 COLD_LR = TrainConfig.lr
+BASE_ARMS = {"anchor": "anchor", "dflash2": "dflash2"}  # arms that are demo stages on the frozen drafter, as trained there
 
 
 def arm_settings(name: str, warm_steps: int, warm_lr: float, size: demo.Size) -> dict:
     """{"kind": frozen | cold | warm, and its settings} from an arm's name (see the module docstring)."""
+    if name in BASE_ARMS:
+        return {"kind": "demo stage", "stage": BASE_ARMS[name]}
     m = re.fullmatch(r"frozen-(\d+)k", name)
     if m:
         return {"kind": "frozen", "blocks": int(m[1]) * 1000}
     m = re.fullmatch(r"(cold|warm)-cg([0-9.]+)(?:-rho([0-9.]+))?(?:-acc([0-9]+))?", name)
     if not m:
-        raise ValueError(f"arm: {name!r} is none of frozen-<n>k, cold-cg<w>, warm-cg<w>[-rho<r>][-acc<n>]")
+        raise ValueError(f"arm: {name!r} is none of {', '.join(BASE_ARMS)}, frozen-<n>k, cold-cg<w>, "
+                         "warm-cg<w>[-rho<r>][-acc<n>]")
     cold, accum = m[1] == "cold", int(m[4] or 1)
     steps = size.long_steps if cold else warm_steps
     if accum < 1 or steps % accum:
@@ -77,6 +85,8 @@ def demo_stage(name: str, st: dict, cfg: TrainConfig, size: demo.Size) -> str:
 
 def train_arm(name: str, st: dict, base: dict, caches: dict, size: demo.Size, work: Path, data, embed, head,
               progress: bool) -> tuple:
+    if st["kind"] == "demo stage":
+        return base[st["stage"]]
     if st["kind"] == "frozen":
         return demo.frozen_stage(work / "study" / name, lambda: Corrector(head.shape[1]),
                                  st["blocks"] // demo.FROZEN_BATCH, base["dflash-long"], data, embed, head, "cpu",
@@ -131,13 +141,16 @@ def grad_probe(drafter, corrector, data, embed, head, batches: int, clip: float)
             "corr_mean_gradient_norm_over_mean_norm": (corr_sum / batches).norm().item() / max(mean_norm, 1e-30)}
 
 
-def row(rep: dict, vs_frozen: dict, info: dict | None) -> dict:
+def row(rep: dict, vs_frozen: dict, info: dict | None, vs_selector: dict | None = None) -> dict:
     o, f = rep["overall"], vs_frozen["overall"]
     cov = o.get("coverage_tf", {})
-    return {"tau": o["tau"], "tau_ci": o["tau_ci"], "ratio": o["ratio"], "ratio_ci": o["ratio_ci"],
+    sel = {} if vs_selector is None else {"ratio_over_dflash2": vs_selector["overall"]["ratio"],
+                                          "ratio_over_dflash2_ci": vs_selector["overall"]["ratio_ci"]}
+    return {**sel, "tau": o["tau"], "tau_ci": o["tau_ci"], "ratio": o["ratio"], "ratio_ci": o["ratio_ci"],
             "ratio_over_frozen": f["ratio"], "ratio_over_frozen_ci": f["ratio_ci"],
             "top1_per_slot": cov.get(1), "top16_per_slot": cov.get(16),
-            "transition_hit_rate": o.get("transition_hit_rate"),
+            "transition_hit_rate": o.get("transition_hit_rate"), "tau_oracle_walk": o.get("tau_oracle_walk"),
+            "tau_oracle_prefix_first": o.get("tau_oracle_prefix_first"),
             "final_dflash_loss": (info or {}).get("final_dflash"), "final_corr_loss": (info or {}).get("final_corr"),
             "suites": {s: r["tau"] for s, r in rep["suites"].items()}}
 
@@ -199,7 +212,7 @@ def main() -> None:
                demo.FROZEN: base["corrector"]}
     for a, (d, c, info) in trained.items():
         methods[a] = (d, c, info)
-        if settings[a]["kind"] != "frozen":
+        if settings[a]["kind"] in ("cold", "warm"):
             methods[f"{a}, drafter alone"] = (d, None, info)
     prompts = encode(tok, demo.eval_texts(size.suites, args.rows))
     refs = simulate.references(model, prompts, args.tokens, Engine(model, base["dflash"][0]).eos,
@@ -209,15 +222,22 @@ def main() -> None:
                     prompts, refs, args.tokens,
                     {m: work / "study" / "sim" / f"{slug[m]}-r{args.rows}-t{args.tokens}.pt" for m in methods}, True)
     rep, vs_frozen = simulate.report(per, "DFlash"), simulate.report(per, demo.FROZEN)
+    vs_sel = simulate.report(per, "dflash2") if "dflash2" in methods else None
     res["prompts"] = sum(map(len, prompts.values()))
-    res["methods"] = {m: row(rep[m], vs_frozen[m], methods[m][2]) for m in methods}
+    res["methods"] = {m: row(rep[m], vs_frozen[m], methods[m][2], vs_sel and vs_sel[m]) for m in methods}
     res["seconds"] = time.monotonic() - t0
     print(f"{'method':<40}{'tau':>7}{'vs DFlash [95% CI]':>26}{'vs frozen [95% CI]':>26}{'top1 s1':>9}{'s2':>6}")
     for m, r in res["methods"].items():
         ci = [f"{r[k]:.3f} [{r[k + '_ci'][0]:.3f}, {r[k + '_ci'][1]:.3f}]" if r[k + "_ci"] else f"{r[k]:.3f}"
               for k in ("ratio", "ratio_over_frozen")]
         t1 = r["top1_per_slot"] or [None, None]
-        print(f"{m:<40}{r['tau']:>7.3f}{ci[0]:>26}{ci[1]:>26}{t1[0]:>9.3f}{t1[1]:>6.3f}")
+        sel = r.get("ratio_over_dflash2")
+        sel = "" if sel is None else f"  / dflash2 {sel:.3f} [{r['ratio_over_dflash2_ci'][0]:.3f}, " \
+                                     f"{r['ratio_over_dflash2_ci'][1]:.3f}]" if r["ratio_over_dflash2_ci"] else ""
+        print(f"{m:<40}{r['tau']:>7.3f}{ci[0]:>26}{ci[1]:>26}{t1[0]:>9.3f}{t1[1]:>6.3f}{sel}")
+    d = res["methods"]["DFlash"]
+    print(f"oracles (DFlash rounds): prefix-first {d['tau_oracle_prefix_first']:.3f}, any candidate "
+          f"{d['tau_oracle_walk']:.3f}")
     for start, g in res.get("gradients", {}).items():
         print(f"gradients, {start}: |corr| / |dflash| {g['corr_over_dflash']:.3f}, cosine {g['mean_cosine']:.3f}, "
               f"clip bites {g['clipped_share']:.0%}, noise (|mean| / mean||) "

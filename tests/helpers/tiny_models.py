@@ -27,8 +27,8 @@ def dflash_cfg(vocab: int) -> DFlashConfig:
                         num_target_layers=4, block_size=BS)
 
 
-def corrector(seed: int = 0) -> Corrector:
+def corrector(seed: int = 0, anchor: bool = False) -> Corrector:
     torch.manual_seed(seed)
-    c = Corrector(64, num_candidates=8, width=16, mlp_hidden=32)
+    c = Corrector(64, num_candidates=8, width=16, mlp_hidden=32, anchor_transition=anchor)
     torch.nn.init.normal_(c.mlp[2].weight, std=4.0)  # non-zero: it does re-pick candidates
     return c.eval()

@@ -53,8 +53,8 @@ def oracle(target):
 
 def engines(target, drafter):
     yield Engine(target, drafter, eos_token_id=None)
-    for rule in ("greedy", "global", "geometric"):
-        yield Engine(target, drafter, corrector(), rule=rule, num_candidates=8, eos_token_id=None)
+    for rule, anchor in itertools.product(("greedy", "global", "geometric"), (False, True)):
+        yield Engine(target, drafter, corrector(anchor=anchor), rule=rule, num_candidates=8, eos_token_id=None)
 
 
 @pytest.mark.parametrize("kind", ["random", "oracle"])
@@ -151,8 +151,10 @@ def _chi2_p(counts: torch.Tensor, expected: torch.Tensor) -> float:
 
 
 @pytest.mark.slow  # each case samples thousands of rounds: about 20 s on 2 cores
-@pytest.mark.parametrize("with_corrector, method", [(False, "greedy"), (True, "greedy"), (True, "probabilistic")])
-def test_sampling_lossless(with_corrector, method):
+@pytest.mark.parametrize("with_corrector, method, anchor", [(False, "greedy", False), (True, "greedy", False),
+                                                            (True, "probabilistic", False),
+                                                            (True, "probabilistic", True)])
+def test_sampling_lossless(with_corrector, method, anchor):
     V, prompt, kw, n = 12, [1, 5, 3], dict(temperature=0.9, top_p=0.95, top_k=0), 1500
     model = llama(V, 3)
     with torch.no_grad():  # round 1 drafts the target's mode, or its second choice after odd anchors
@@ -165,8 +167,8 @@ def test_sampling_lossless(with_corrector, method):
         return (first + [0] * BS)[:BS - 1]
 
     drafter = Scripted(model.get_output_embeddings().weight.detach(), script)
-    eng = Engine(model, drafter, corrector(4) if with_corrector else None, num_candidates=4, eos_token_id=None,
-                 draft_sample_method=method)
+    eng = Engine(model, drafter, corrector(4, anchor) if with_corrector else None, num_candidates=4,
+                 eos_token_id=None, draft_sample_method=method)
     gen = torch.Generator().manual_seed(0)
     samples = torch.tensor([eng.generate(prompt, 4, generator=gen, **kw).tokens for _ in range(n)])
     marginals = _exact_marginals(model, prompt, 4, **kw)
@@ -175,23 +177,23 @@ def test_sampling_lossless(with_corrector, method):
         assert p > 0.01 / len(marginals), (s, p)
 
 
-@pytest.mark.parametrize("with_corrector", [False, True])
-def test_sampled_walk_proposal(target, with_corrector):
+@pytest.mark.parametrize("with_corrector, anchor", [(False, False), (True, False), (True, True)])
+def test_sampled_walk_proposal(target, with_corrector, anchor):
     """The probabilistic draft: each slot's proposal is a distribution over its K candidates only, the drawn token
     one of them with q > 0; at a temperature near 0 the walk is the greedy one (argmax, or the corrector's)."""
     drafter = DFlashDrafter(dflash_cfg(64)).eval()
-    eng = Engine(target, drafter, corrector(1) if with_corrector else None, num_candidates=8, eos_token_id=None,
-                 draft_sample_method="probabilistic")
+    eng = Engine(target, drafter, corrector(1, anchor) if with_corrector else None, num_candidates=8,
+                 eos_token_id=None, draft_sample_method="probabilistic")
     drafted, ids, vals, hc = eng._draft(7, drafter.target_features(target(torch.tensor([[3, 9, 7]]),
                                                                           output_hidden_states=True).hidden_states))
     n = BS - 1
     gen = torch.Generator().manual_seed(0)
     for _ in range(5):
-        drafts, q = eng.sample_walk(ids, vals, hc, n, 1.0, gen)
+        drafts, q = eng.sample_walk(ids, vals, hc, n, 1.0, gen, 7)
         torch.testing.assert_close(q.sum(-1), torch.ones(n))
         for j, y in enumerate(drafts):
             assert set(q[j].nonzero()[:, 0].tolist()) <= set(ids[j, :8].tolist()) and q[j, y] > 0
-    assert eng.sample_walk(ids, vals, hc, n, 1e-6, gen)[0] == drafted[:n].tolist()
+    assert eng.sample_walk(ids, vals, hc, n, 1e-6, gen, 7)[0] == drafted[:n].tolist()
     with pytest.raises(ValueError, match="draft_sample_method"):
         Engine(target, drafter, draft_sample_method="beam")
 

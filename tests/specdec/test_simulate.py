@@ -5,6 +5,8 @@ coverage; references over suites."""
 from __future__ import annotations
 
 
+import itertools
+
 import pytest
 import torch
 
@@ -54,8 +56,8 @@ def selector(seed: int = 0) -> CandidateSelector:
 
 def engines(target, drafter, eos=None):
     yield Engine(target, drafter, eos_token_id=eos)
-    for rule in ("greedy", "global", "geometric"):
-        yield Engine(target, drafter, corrector(), rule=rule, num_candidates=8, eos_token_id=eos)
+    for rule, anchor in itertools.product(("greedy", "global", "geometric"), (False, True)):
+        yield Engine(target, drafter, corrector(anchor=anchor), rule=rule, num_candidates=8, eos_token_id=eos)
     yield Engine(target, drafter, selector(), num_candidates=8, eos_token_id=eos)
 
 

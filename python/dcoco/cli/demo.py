@@ -36,6 +36,7 @@ from importlib import resources
 from pathlib import Path
 
 import torch
+from safetensors import safe_open
 from safetensors.torch import load_file, save_file
 
 from ..modeling import checkpoint
@@ -53,7 +54,7 @@ from ..specdec.engine import Engine, summarize
 from ..specdec.stats import tau_table
 from ..train.training import TrainConfig, train
 from . import demo_report as report
-from .demo_report import CONTINUED, DFLASH2, FROZEN, ONLINE
+from .demo_report import ANCHOR, CONTINUED, DFLASH2, FROZEN, ONLINE
 
 EVAL_ROWS_RESERVED = 32  # the demo evaluates rows below this index of each suite; training never sees them
 # training rows per suite of the shipped suites (data/suites; index >= EVAL_ROWS_RESERVED, shuffled with seed 0); aime25
@@ -195,7 +196,8 @@ def baseline_stages(size: Size, work: Path, data: corpus.Corpus, model, tok, dev
                     progress: bool) -> tuple[dict, dict]:
     """({name: (drafter, corrector or selector, info)}, caches) for dflash (from scratch), dflash-long (dflash +
     long_steps over the whole head: the baseline) and, on the frozen dflash-long drafter's cached outputs
-    (frozen.py, one contract), corrector (DCOCO, L_corr) and dflash2 (DFlash2's selector), corrector_steps each;
+    (frozen.py, one contract), corrector (DCOCO, L_corr), anchor (DCOCO with the anchor transition, beyond the
+    paper) and dflash2 (DFlash2's selector), corrector_steps each;
     caches: frozen_stage's, for more frozen stages on the same drafter."""
     embed = model.get_input_embeddings().weight.detach()
     head = model.get_output_embeddings().weight.detach()
@@ -207,6 +209,7 @@ def baseline_stages(size: Size, work: Path, data: corpus.Corpus, model, tok, dev
                                 upstream=out["dflash"][2]["recipe"])
     base, caches = out["dflash-long"], {}
     for name, make in (("corrector", lambda: Corrector(base[0].config.hidden_size)),
+                       ("anchor", lambda: Corrector(base[0].config.hidden_size, anchor_transition=True)),
                        ("dflash2", lambda: CandidateSelector(base[0].config.hidden_size, base[0].config.vocab_size,
                                                              SELECTOR_RANK))):
         out[name] = frozen_stage(work / name, make, size.corrector_steps, base, data, embed, head, device, caches,
@@ -239,7 +242,8 @@ def frozen_stage(out: Path, make, steps: int, base: tuple, data: corpus.Corpus, 
             "cached_blocks": len(cache["target"]), "cache_seconds": cache_seconds, "recipe": want,
             "parameters": sum(p.numel() for p in m.parameters())}
     out.mkdir(parents=True, exist_ok=True)
-    save_file(m.state_dict(), str(out / "model.safetensors"))
+    anchor = isinstance(m, Corrector) and m.anchor_transition
+    save_file(m.state_dict(), str(out / "model.safetensors"), metadata={"anchor_transition": str(anchor).lower()})
     (out / "done.json").write_text(json.dumps(info, indent=2) + "\n")
     return drafter, m, info
 
@@ -249,8 +253,10 @@ def _load_frozen(path: Path) -> Corrector | CandidateSelector:
     if "pred.weight" in sd:
         m = CandidateSelector(sd["proj.weight"].shape[1], sd["pred.weight"].shape[0], sd["pred.weight"].shape[1])
     else:
+        with safe_open(str(path / "model.safetensors"), "pt") as f:
+            anchor = (f.metadata() or {}).get("anchor_transition") == "true"
         m = Corrector(sd["cand_proj.weight"].shape[1], width=sd["cand_proj.weight"].shape[0],
-                      mlp_hidden=sd["mlp.0.weight"].shape[0])
+                      mlp_hidden=sd["mlp.0.weight"].shape[0], anchor_transition=anchor)
     m.load_state_dict(sd)
     return m.eval()
 
@@ -266,6 +272,7 @@ def methods(trained: dict, rules: tuple[str, ...]) -> dict[str, tuple]:
     out[ONLINE] = (d2, c2, "greedy")
     out[CONTINUED] = (d2, None, "greedy")
     out[DFLASH2] = (d0, trained["dflash2"][1], "greedy")
+    out[ANCHOR] = (d0, trained["anchor"][1], "greedy")
     return out
 
 
@@ -295,7 +302,7 @@ def costs(engines: dict[str, Engine], repeats: int = 200) -> dict[str, dict]:
     CPU/GPU time of a round's selection (Engine.select on one block, R=1) next to the plain argmax's."""
     plain = next(e for e in engines.values() if e.corrector is None)
     c = plain.drafter.config
-    h = torch.randn(1, c.block_size - 1, c.hidden_size, generator=torch.Generator().manual_seed(0)).to(plain.embed)
+    h = torch.randn(1, c.block_size, c.hidden_size, generator=torch.Generator().manual_seed(0)).to(plain.embed)
     anchor = torch.zeros(1, dtype=torch.long, device=h.device)
 
     def seconds(e: Engine) -> float:
@@ -337,7 +344,7 @@ def run(size: str = "default", device: str = "cpu", out: str | Path | None = Non
     per = simulate.simulate_all(engines, prompts, refs, s.sim_tokens, progress)
     overall = {m: [r for rs in suites.values() for r in rs] for m, suites in per.items()}
     sim = {"methods": simulate.report(per, "DFlash"), "max_new_tokens": s.sim_tokens,  # per suite too
-           "ratios": {base: tau_table(overall, base) for base in (FROZEN, ONLINE, CONTINUED)},  # overall only
+           "ratios": {base: tau_table(overall, base) for base in (FROZEN, ONLINE, CONTINUED, DFLASH2)},  # overall only
            "seconds": time.monotonic() - t1}
     ev = evaluate_all(model, engines, {n: p[:s.rows] for n, p in prompts.items()}, s.max_new_tokens, progress)
     res = {"size": size, "config": {**dataclasses.asdict(s), "layers": LAYERS, "block_size": BLOCK,

@@ -13,6 +13,7 @@ from ..specdec.evaluate import coverage_plot
 DFLASH2 = "DFlash + DFlash2 selector (frozen drafter)"
 FROZEN, ONLINE = "DCOCO, frozen drafter", "DCOCO online corrector (drafter not co-trained)"
 CONTINUED = "DFlash, trained on alone (the joint drafter's budget)"
+ANCHOR = "DCOCO anchor-aware, frozen drafter (beyond the paper)"
 
 
 def headline(ev: dict, sim: dict, rules: tuple[str, ...], dcoco: str, joint_corr_grad: float,
@@ -58,9 +59,30 @@ def headline(ev: dict, sim: dict, rules: tuple[str, ...], dcoco: str, joint_corr
             "tau_ratio_dflash2_ci": sel["ratio_ci"],
             "headroom_captured_dcoco": captured(dco["tau"]), "headroom_captured_frozen": captured(frozen["tau"]),
             "headroom_captured_joint": captured(joint["tau"]),
+            **anchor_keys(m, vs, real),
+            "headroom_captured_walk": {name: walk_share(row["overall"]["tau"], dfl) for name, row in m.items()},
             "speedup_dcoco_over_dflash": tps["dcoco"] / tps["dflash"], "coverage": dfl["coverage_tf"],
             "coverage_seen": dfl["coverage_tf_seen"], "simulated_prompts": dfl["prompts"],
             "simulated_rounds": dfl["rounds"], "lossless": ev["lossless"]}
+
+
+def anchor_keys(m: dict, vs: dict, real: dict) -> dict:
+    """The anchor-aware corrector's keys: tau, its paired CIs over DFlash, DFlash2's selector and the paper's
+    frozen-drafter corrector (all four on the same frozen drafter), tokens/s."""
+    a = m[ANCHOR]["overall"]
+    return {"tau_dcoco_anchor": a["tau"], "tau_dcoco_anchor_ci": a["tau_ci"],
+            "tau_ratio_anchor_over_dflash": a["ratio"], "tau_ratio_anchor_ci": a["ratio_ci"],
+            "tau_ratio_anchor_over_dflash2": vs[DFLASH2][ANCHOR]["ratio"],
+            "tau_ratio_anchor_over_dflash2_ci": vs[DFLASH2][ANCHOR]["ratio_ci"],
+            "tau_ratio_anchor_over_frozen": vs[FROZEN][ANCHOR]["ratio"],
+            "tau_ratio_anchor_over_frozen_ci": vs[FROZEN][ANCHOR]["ratio_ci"],
+            "tps_dcoco_anchor": real[ANCHOR]["overall"]["tokens_per_s"]}
+
+
+def walk_share(tau: float, dflash: dict) -> float | None:
+    """The share of the any-candidate oracle's headroom over DFlash (its tau_oracle_walk) that tau captures."""
+    oracle = dflash["tau_oracle_walk"]
+    return (tau - dflash["tau"]) / (oracle - dflash["tau"]) if oracle and oracle > dflash["tau"] else None
 
 
 def co_adaptation(sim: dict, rules: tuple[str, ...], training: dict) -> dict:
@@ -116,7 +138,11 @@ def table(res: dict) -> str:
                  f"{_ci(h['tau_ratio_joint_over_frozen_ci'])}, joint / its online control "
                  f"{h['tau_ratio_joint_over_online']:.3f}x{_ci(h['tau_ratio_joint_over_online_ci'])}, DFlash2 selector "
                  f"{h['tau_ratio_dflash2_over_dflash']:.3f}x{_ci(h['tau_ratio_dflash2_ci'])}; "
-                 f"lossless: {h['lossless']}")
+                 f"anchor-aware corrector {h['tau_ratio_anchor_over_dflash']:.3f}x{_ci(h['tau_ratio_anchor_ci'])} "
+                 f"(/ DFlash2 selector {h['tau_ratio_anchor_over_dflash2']:.3f}x"
+                 f"{_ci(h['tau_ratio_anchor_over_dflash2_ci'])}, / frozen corrector "
+                 f"{h['tau_ratio_anchor_over_frozen']:.3f}x{_ci(h['tau_ratio_anchor_over_frozen_ci'])}); "
+                 f"any-candidate oracle tau {h['tau_oracle_walk']:.3f}; lossless: {h['lossless']}")
     for name, c in res.get("costs", {}).items():
         lines.append(f"  {name}: {c['parameters'] / 1e3:.0f}k parameters, {c['flops_per_round']['greedy'] / 1e6:.1f} "
                      f"MFLOP per round (walk; {c['flops_per_round']['grid'] / 1e6:.1f} for the full grid), selection "

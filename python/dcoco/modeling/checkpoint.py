@@ -39,8 +39,9 @@ def save(path: str | Path, drafter: DFlashDrafter, corrector: Corrector | None =
     if selection not in fused.RULES:
         raise ValueError(f"selection: expected one of {sorted(fused.RULES)}, got {selection!r}")
     dcoco_config = {"num_candidates": corrector.num_candidates, "width": corrector.width,
-                    "mlp_hidden": corrector.mlp_hidden, "selection": selection,
-                    "anchor_transition": corrector.anchor_transition}
+                    "mlp_hidden": corrector.mlp_hidden, "selection": selection}
+    if corrector.anchor_transition:  # written only when on: the paper's checkpoints stay as they were
+        dcoco_config["anchor_transition"] = True
     drafter.save_pretrained(path, extra_tensors={PREFIX + k: v for k, v in corrector.state_dict().items()},
                             config_update={"architectures": [ARCHITECTURE], "dcoco_config": dcoco_config},
                             dtype=dtype)

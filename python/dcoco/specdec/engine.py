@@ -192,57 +192,73 @@ class Engine:
 
     def _draft(self, anchor: int, ctx: torch.Tensor) -> tuple[torch.Tensor, ...]:
         """For the block after anchor, ctx (1,C,n*d): drafted tokens (B,), the candidates' ids and logits
-        (B,top) sorted by logit, and the drafter's hidden states (1,B,d) in the embedding's dtype."""
+        (B,top) sorted by logit, and the drafter's hidden states (1,B+1,d) (the anchor's first) in the embedding's
+        dtype."""
         anchor_ids = torch.tensor([anchor], device=ctx.device)
-        h = self.drafter.draft(anchor_ids, ctx, self.embed)[:, 1:]  # (1,B,d)
+        h = self.drafter.draft(anchor_ids, ctx, self.embed)  # (1,B+1,d)
         drafted, ids, vals, hc = self.select(h, anchor_ids)
         return drafted[0], ids[0], vals[0], hc
 
     def select(self, h: torch.Tensor, anchor_ids: torch.Tensor,
                top: tuple[torch.Tensor, torch.Tensor] | None = None) -> tuple[torch.Tensor, ...]:
-        """Blocks' drafter hidden states h (R,B,d) and anchor tokens (R,) -> the drafted tokens (R,B) (argmax, or
-        the corrector's pick by rule, or the DFlash2 selector's walk), the candidates' ids and logits (R,B,top)
-        sorted by logit, and h (R,B,d) in the embedding's dtype. One path for decoding (R=1) and simulation
-        (every anchor at once). top: (ids, logits) of h's top self.top candidates when already computed (the
-        simulation shares them between engines with one drafter)."""
+        """Blocks' drafter hidden states h (R,B+1,d) (position 0 the anchor's) and anchor tokens (R,) -> the drafted
+        tokens (R,B) (argmax, or the corrector's pick by rule, or the DFlash2 selector's walk), the candidates' ids
+        and logits (R,B,top) sorted by logit, and h (R,B+1,d) in the embedding's dtype. One path for decoding (R=1)
+        and simulation (every anchor at once). top: (ids, logits) of the slots' top self.top candidates when
+        already computed (the simulation shares them between engines with one drafter)."""
         if top is None:
-            t = DFlashDrafter.compute_logits(h, self.head).float().topk(self.top, -1)
+            t = DFlashDrafter.compute_logits(h[:, 1:], self.head).float().topk(self.top, -1)
             top = (t.indices, t.values)
         ids, vals = top[0][..., :self.K], top[1][..., :self.K]
         hc = h.to(self.embed.dtype)
-        if self.corrector is None:
+        c = self.corrector
+        if c is None:
             drafted = ids[..., 0]
-        elif isinstance(self.corrector, CandidateSelector):
-            drafted = self.corrector(hc, ids, vals, anchor_ids)[1]
+        elif isinstance(c, CandidateSelector):
+            drafted = c(hc[:, 1:], ids, vals, anchor_ids)[1]
         elif self.rule == "greedy":
-            drafted = self.corrector(hc, ids, vals, self.embed)[1]
+            drafted = (c(hc, ids, vals, self.embed, anchor_ids) if c.anchor_transition else
+                       c(hc[:, 1:], ids, vals, self.embed))[1]
         else:
-            ranks = select(self.corrector.score(hc, ids, vals, self.embed), vals[:, 0], self.rule, self.lam)
-            drafted = ids.gather(2, ranks[..., None])[..., 0]
+            first, grid = self._walk_inputs(hc, ids, vals, anchor_ids)
+            drafted = ids.gather(2, select(grid, first, self.rule, self.lam)[..., None])[..., 0]
         return drafted, top[0], top[1], hc
 
+    def _walk_inputs(self, hc: torch.Tensor, ids: torch.Tensor, vals: torch.Tensor,
+                     anchor_ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """The corrector's (first (R,K), grid (R,n-1,K,K)) over the first n = ids.shape[1] slots (Corrector.walk_inputs);
+        hc (R,B+1,d): the whole block, the anchor's position first."""
+        c, n = self.corrector, ids.shape[1]
+        if c.anchor_transition:
+            return c.walk_inputs(c.score(hc[:, :n + 1], ids, vals, self.embed, anchor_ids), vals)
+        return c.walk_inputs(c.score(hc[:, 1:n + 1], ids, vals, self.embed), vals)
+
     def sample_walk(self, ids: torch.Tensor, vals: torch.Tensor, hc: torch.Tensor, n: int, temperature: float,
-                    generator: torch.Generator | None) -> tuple[list[int], torch.Tensor]:
+                    generator: torch.Generator | None, anchor: int) -> tuple[list[int], torch.Tensor]:
         """The probabilistic draft of one block: n tokens drawn slot by slot and their proposals q (n, V) float32
-        on the CPU, sparse over each slot's K candidates. ids / vals (B, top), hc (1, B, d) from _draft."""
+        on the CPU, sparse over each slot's K candidates. ids / vals (B, top), hc (1, B+1, d) from _draft; anchor:
+        the block's first input (the anchor transition's t_0)."""
         K, V = self.K, self.head.shape[0]
         if n == 0:
             return [], torch.zeros(0, V)
         ids, vals = ids[:n, :K], vals[:n, :K].float()
-        if isinstance(self.corrector, Corrector) and n > 1:
-            grid = self.corrector.score(hc[:, :n], ids[None], vals[None], self.embed)[0].float()  # (n-1, K, K)
+        c = self.corrector
+        if isinstance(c, Corrector) and (n > 1 or c.anchor_transition):
+            first, grid = self._walk_inputs(hc, ids[None], vals[None], torch.tensor([anchor], device=hc.device))
+            first, grid = first.float(), grid.float()
         else:  # no corrector: each slot drawn from its own logits, whatever its predecessor
-            grid = vals[1:, None].expand(n - 1, K, K)
+            first, grid = vals[None, 0], vals[1:, None].expand(n - 1, K, K)[None]
         ids = ids.cpu()  # drawn on the CPU, where the generator is
-        ranks, w = sample(grid[None].cpu(), vals[:1].cpu(), temperature, generator)
+        ranks, w = sample(grid.cpu(), first.cpu(), temperature, generator)
         return ids.gather(1, ranks[0][:, None])[:, 0].tolist(), torch.zeros(n, V).scatter_(1, ids, w[0])
 
     def oracle(self, ref: list[int], left: int, ids: torch.Tensor, vals: torch.Tensor,
-                hc: torch.Tensor) -> tuple[int, int, int, int]:
+                hc: torch.Tensor, anchor: int) -> tuple[int, int, int, int]:
         """(oracle-walk committed, prefix-first committed, transition hits, transitions seen) for one round.
         ref: the verifier's greedy tokens at the verified slots (at most n); left: reference tokens still to
         come (ref and one more; the reference ends at eos or its length cap, so a commit never passes it);
-        ids / vals (B,top), hc (1,B,d) from _draft."""
+        ids / vals (B,top), hc (1,B+1,d) from _draft, anchor its first input. Transitions are slot to slot (p >= 1),
+        with or without the anchor transition."""
         m = len(ref)
         cand = ids[:m, :self.K]
         match = cand == torch.tensor(ref, dtype=cand.dtype, device=cand.device)[:, None]  # (m,K)
@@ -254,7 +270,8 @@ class Engine:
             both = ((rank[:-1] >= 0) & (rank[1:] >= 0)).nonzero()[:, 0]
             if len(both):
                 K = self.K
-                s = self.corrector.score(hc[:, :m], ids[None, :m, :K], vals[None, :m, :K], self.embed)[0]
+                s = self._walk_inputs(hc, ids[None, :m, :K], vals[None, :m, :K],
+                                      torch.tensor([anchor], device=hc.device))[1][0]
                 best = s[both, rank[both]].argmax(-1)  # first max: ties go to the lower rank, as in selection
                 hits, seen = int((best == rank[both + 1]).sum()), len(both)
         return min(walk + 1, left), min(first + 1, left), hits, seen
@@ -334,11 +351,11 @@ class Engine:
             drafted, cands, vals, hc = self._draft(tokens[-1], ctx)
             drafts, proposal = drafted[:n].tolist(), None
             if temperature > 0 and self.draft_sample_method == "probabilistic":
-                drafts, proposal = self.sample_walk(cands, vals, hc, n, temperature, generator)
+                drafts, proposal = self.sample_walk(cands, vals, hc, n, temperature, generator, tokens[-1])
             L = len(tokens)
             if reference is not None and reference[:L] == tokens and len(reference) > L:
                 t1 = time.perf_counter()
-                w, f, h, c = self.oracle(reference[L:L + n], len(reference) - L, cands, vals, hc)
+                w, f, h, c = self.oracle(reference[L:L + n], len(reference) - L, cands, vals, hc, tokens[-1])
                 t0 += time.perf_counter() - t1  # measurement, not decoding: kept out of the timing
                 walks.append(w)
                 firsts.append(f)

@@ -71,7 +71,7 @@ def simulate(engine: Engine, prompt_ids: Sequence[int], reference: Sequence[int]
         m = min(n, T - L)  # slots with a reference token
         a = int((drafted[r, :m] == labels[r, :m]).long().cumprod(0).sum())
         t1 = time.perf_counter()
-        w, f, h, c = engine.oracle(ref[L:L + n], T - L, cands[r], vals[r], hc[r:r + 1])
+        w, f, h, c = engine.oracle(ref[L:L + n], T - L, cands[r], vals[r], hc[r:r + 1], seq[P + r])
         t0 += time.perf_counter() - t1  # as in Engine.generate: measurement is kept out of the timing
         walks.append(w)
         firsts.append(f)
@@ -106,8 +106,8 @@ def _blocks(engine: Engine, seq: list[int], P: int, T: int, chunk: int, hidden_s
         anchors = torch.arange(lo, min(lo + chunk, P + T - 1), device=dev)[None]
         key = (id(engine.drafter), engine.top, lo)
         if key not in shared:
-            h = engine.drafter(ids, ctx, anchors, engine.embed)[0, :, 1:]  # (A,B,d)
-            t = DFlashDrafter.compute_logits(h, engine.head).float().topk(engine.top, -1)
+            h = engine.drafter(ids, ctx, anchors, engine.embed)[0]  # (A,B+1,d), the anchor's position first
+            t = DFlashDrafter.compute_logits(h[:, 1:], engine.head).float().topk(engine.top, -1)
             shared[key] = h, (t.indices, t.values)
         h, top = shared[key]
         parts.append([x.cpu() for x in engine.select(h, ids[0, anchors[0]], top)])

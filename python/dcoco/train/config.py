@@ -48,6 +48,9 @@ class TrainConfig:
     corr_grad: float = _field(1.0, OPTIM, "joint: weight of L_corr's gradient into the drafter; 0 trains the drafter "
                                           "on the DFlash loss alone while the corrector learns on it (%(default)s: "
                                           "the paper's sum)", resume=True)
+    anchor_transition: bool = _field(False, OPTIM, "the corrector also re-ranks slot 1, scoring its candidates "
+                                                   "against the anchor (beyond the paper: docs/spec.md, the anchor "
+                                                   "transition)", resume=True)
     logit_chunk: int | None = _field(None, MEMORY, "rows per LM-head chunk for the loss and top-K (default: 256 MB "
                                                    "of float32 logits per chunk)")  # head.py
     # drafter mode: head.shortlist_ce

@@ -19,20 +19,24 @@ from ..modeling.selector import CandidateSelector
 from .batches import _gen, sample_anchors
 from .optim import warmup_cosine
 
-KEYS = ("hidden", "cand_ids", "cand_logits", "anchor_ids", "target", "valid")
+KEYS = ("hidden", "anchor_hidden", "cand_ids", "cand_logits", "anchor_ids", "target", "valid")
 
 
 @torch.no_grad()
 def build(drafter: DFlashDrafter, data: Corpus, embed: torch.Tensor, head: torch.Tensor, num_candidates: int = 16,
           anchors: int = 64, seed: int = 0, path: str | Path | None = None,
           progress: bool = True) -> dict[str, torch.Tensor]:
-    """{KEYS: tensors over every cached block}: hidden (N,B,d) float32 (what evaluation feeds), cand_ids / cand_logits (N,B,K) (rank
+    """{KEYS: tensors over every cached block}: hidden (N,B,d) float32 (what evaluation feeds), anchor_hidden (N,d)
+    the drafter's state at the anchor position (the anchor transition's h_0), cand_ids / cand_logits (N,B,K) (rank
     order), anchor_ids (N,), target (N,B) the verifier's token at each slot, valid (N,B) inside the response.
-    Up to `anchors` anchors per sequence (seeded). Loaded from / written to path (.safetensors) when given."""
+    Up to `anchors` anchors per sequence (seeded). Loaded from / written to path (.safetensors) when given; a file
+    without every key (written before anchor_hidden was kept) is built again."""
     from tqdm.auto import tqdm
 
     if path is not None and Path(path).is_file():
-        return load_file(str(path))
+        cached = load_file(str(path))
+        if set(cached) == set(KEYS):
+            return cached
     B, dev = drafter.config.block_size - 1, drafter.fc.weight.device
     parts = {k: [] for k in KEYS}
     for i in tqdm(range(len(data)), desc="drafter outputs", unit="seq", disable=not progress):
@@ -41,9 +45,11 @@ def build(drafter: DFlashDrafter, data: Corpus, embed: torch.Tensor, head: torch
         if not len(a):
             continue
         S = len(s["ids"])
-        h = drafter(s["ids"][None].long().to(dev), s["hidden"][None].to(dev), a[None].to(dev), embed)[0, :, 1:]
+        block = drafter(s["ids"][None].long().to(dev), s["hidden"][None].to(dev), a[None].to(dev), embed)[0]
+        h = block[:, 1:]
         top = DFlashDrafter.compute_logits(h, head).float().topk(num_candidates, -1)  # h (A,B,d)
         h, top = h.cpu(), [x.cpu() for x in top]
+        parts["anchor_hidden"].append(block[:, 0].float().cpu())
         pos = a[:, None] + torch.arange(1, B + 1)
         at = pos.clamp(max=S - 1)
         parts["hidden"].append(h.float())
@@ -65,7 +71,11 @@ def objective(model: Corrector | CandidateSelector, b: dict[str, torch.Tensor], 
     """The model's own loss on a batch of cached blocks: L_corr for DCOCO, the selector's cross-entropy."""
     h, ids, vals = b["hidden"].float(), b["cand_ids"].long(), b["cand_logits"]
     if isinstance(model, Corrector):
-        return correction_loss(model.score(h, ids, vals, embed), ids, b["target"], b["valid"], rho)
+        if not model.anchor_transition:
+            return correction_loss(model.score(h, ids, vals, embed), ids, b["target"], b["valid"], rho)
+        h = torch.cat([b["anchor_hidden"].float()[:, None], h], 1)
+        first, grid = model.walk_inputs(model.score(h, ids, vals, embed, b["anchor_ids"]), vals)
+        return correction_loss(grid, ids, b["target"], b["valid"], rho, first)
     return model.loss(h, ids, vals, b["anchor_ids"], b["target"], b["valid"])
 
 

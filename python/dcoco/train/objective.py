@@ -14,10 +14,11 @@ from .config import TrainConfig
 
 
 def corrector_scores(corrector: Corrector, hidden: torch.Tensor, cand_ids: torch.Tensor, cand_logits: torch.Tensor,
-                     embed: torch.Tensor) -> torch.Tensor:
-    """Corrector scores (R,B-1,K,K) with autograd: every training path goes through here, i.e. through the
-    backend picked for the device (backend.py): dcoco::score and its compiled backward, or the native path."""
-    return corrector.score(hidden, cand_ids, cand_logits, embed)
+                     embed: torch.Tensor, anchor_ids: torch.Tensor | None = None) -> torch.Tensor:
+    """Corrector scores with autograd (Corrector.score: (R,B-1,K,K), or (R,B,K,K) with the anchor transition, hidden
+    then (R,B+1,d)): every training path goes through here, i.e. through the backend picked for the device
+    (backend.py): dcoco::score and its compiled backward, or the native path."""
+    return corrector.score(hidden, cand_ids, cand_logits, embed, anchor_ids)
 
 
 class Objective(nn.Module):
@@ -42,7 +43,8 @@ class Objective(nn.Module):
         valid = ((pos < S) & batch["response"].gather(1, at).view(N, A, -1)).view(N * A, -1) & real[:, None]
 
         with torch.set_grad_enabled(torch.is_grad_enabled() and mode != "corrector"):
-            h = self.drafter(ids, batch["hidden"], anchors, embed)[:, :, 1:].reshape(N * A, bs - 1, -1)
+            out_block = self.drafter(ids, batch["hidden"], anchors, embed)  # (N,A,bs,d): the anchor, then B slots
+            h = out_block[:, :, 1:].reshape(N * A, bs - 1, -1)
             labels = torch.where(valid, target, torch.zeros_like(target)) if mode != "corrector" else None
             shortlisted = self.vocab is not None and torch.is_grad_enabled()  # evaluation keeps all V rows
             if shortlisted:
@@ -56,11 +58,15 @@ class Objective(nn.Module):
         out["tau_shortlist" if shortlisted else "tau_dflash"] = _tau(cand_ids[..., 0], target, valid, real)
         if self.corrector is not None:
             with torch.set_grad_enabled(torch.is_grad_enabled() and mode != "drafter"):
-                hs, vs = (h, values) if cfg.corr_grad == 1 else (_scale_grad(h, cfg.corr_grad),
-                                                                 _scale_grad(values, cfg.corr_grad))
-                scores = corrector_scores(self.corrector, hs, cand_ids, vs, embed)
-                out["corr"] = correction_loss(scores, cand_ids, target, valid, cfg.rho)
-            ranks = select(scores.detach().float(), values[:, 0].detach().float(), "greedy")
+                anchor = self.corrector.anchor_transition
+                hs = out_block.reshape(N * A, bs, -1) if anchor else h
+                hs, vs = (hs, values) if cfg.corr_grad == 1 else (_scale_grad(hs, cfg.corr_grad),
+                                                                  _scale_grad(values, cfg.corr_grad))
+                anchor_ids = ids.gather(1, anchors).reshape(-1) if anchor else None
+                grid = corrector_scores(self.corrector, hs, cand_ids, vs, embed, anchor_ids)
+                first, scores = self.corrector.walk_inputs(grid, values)
+                out["corr"] = correction_loss(scores, cand_ids, target, valid, cfg.rho, first if anchor else None)
+            ranks = select(scores.detach().float(), first.detach().float(), "greedy")
             out["tau_dcoco"] = _tau(cand_ids.gather(2, ranks[..., None])[..., 0], target, valid, real)
         out["loss"] = {"drafter": out["dflash"], "corrector": out["corr"], "joint": out["dflash"] + out["corr"]}[mode]
         out["blocks"] = real.sum()

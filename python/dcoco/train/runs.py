@@ -102,7 +102,7 @@ def _cpu_module(m: DFlashDrafter | Corrector) -> DFlashDrafter | Corrector:
     """A CPU copy of a drafter or corrector, built on the meta device (no second copy on the GPU)."""
     with torch.device("meta"):
         copy = DFlashDrafter(m.config) if isinstance(m, DFlashDrafter) else \
-            Corrector(m.hidden_size, m.num_candidates, m.width, m.mlp_hidden)
+            Corrector(m.hidden_size, m.num_candidates, m.width, m.mlp_hidden, m.anchor_transition)
     copy.load_state_dict({k: v.detach().to("cpu", copy=True) for k, v in m.state_dict().items()}, assign=True)
     return copy
 

@@ -134,9 +134,12 @@ def _modules(cfg: TrainConfig, corpus, drafter, corrector, target) -> tuple[DFla
         raise TypeError(f"drafter: expected a DFlashDrafter or DFlashConfig, got {type(drafter).__name__}")
     d = drafter.config.hidden_size
     if corrector is None and cfg.mode != "drafter":
-        corrector = Corrector(d, cfg.num_candidates, cfg.width, cfg.mlp_hidden)
+        corrector = Corrector(d, cfg.num_candidates, cfg.width, cfg.mlp_hidden, cfg.anchor_transition)
     if corrector is not None and corrector.hidden_size != d:
         raise ValueError(f"corrector: hidden_size {corrector.hidden_size} differs from the drafter's {d}")
+    if corrector is not None and corrector.anchor_transition != cfg.anchor_transition:
+        raise ValueError(f"cfg.anchor_transition: {cfg.anchor_transition}, but the corrector has "
+                         f"anchor_transition={corrector.anchor_transition}")
     if corrector is not None and corrector.num_candidates != cfg.num_candidates:
         raise ValueError(f"cfg.num_candidates: {cfg.num_candidates}, but the corrector is for "
                          f"K = {corrector.num_candidates}")
