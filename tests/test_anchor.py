@@ -190,6 +190,25 @@ def test_one_slot_and_no_blocks():
     assert e.corrector.score(h[:0], ids[:0], lg[:0], E, anchor_ids=e.anchor_ids[:0]).shape == (0, 4, 8, 8)
 
 
+def test_an_out_of_range_anchor_off_the_cpu_is_nan(monkeypatch):
+    """Where a check would sync (CUDA, a compiled graph), the native path clamps the anchor's id and makes its
+    logit NaN, as for any candidate: that block's S_0 is NaN and its walk keeps slot 1 at rank 0; the others are
+    untouched."""
+    if dcoco.get_backend() != "native":
+        pytest.skip("the fused CPU core always checks (IndexError: test_bad_anchor_arguments_are_named)")
+    from dcoco.ops import native
+
+    c = make_anchor_case(3, 5, 4, 64, V=200, seed=28)
+    clean_first, clean_ranks = scores_of(c)[1], c.corrector(*c.inputs, anchor_ids=c.anchor_ids)[0]
+    monkeypatch.setattr(native, "is_compiling", lambda: True)
+    c.anchor_ids[1] = 200
+    _, first, grid = scores_of(c)
+    ranks = c.corrector(*c.inputs, anchor_ids=c.anchor_ids)[0]
+    assert first[1].isnan().all() and ranks[1, 0] == 0
+    keep = torch.tensor([0, 2])
+    assert torch.equal(first[keep], clean_first[keep]) and torch.equal(ranks[keep], clean_ranks[keep])
+
+
 def bad_calls(c):
     """(what, call, exception, message fragment): each names the argument at fault."""
     h, ids, lg, E = c.inputs

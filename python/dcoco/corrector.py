@@ -24,7 +24,7 @@ class Corrector(nn.Module):
     K the corrector is meant for (checkpoint metadata); no parameter depends on it, and calls accept any
     K up to dcoco.MAX_CANDIDATES.
 
-    anchor_transition (off by default: the paper's DCOCO): the extension of docs/spec.md ("The anchor transition"),
+    anchor_transition (off by default: the paper's DCOCO): the extension of docs/spec.md ("Anchor transition"),
     with the same parameters. The anchor (the block's first input, the last verified token t_0) is a slot 0 whose
     one candidate is t_0 with logit 0 and whose hidden state is the drafter's at that position, so slot 1 is
     re-ranked too: S_0(b) = l_1(b) + Delta(0, b). Every call then takes hidden (R,B+1,d), position 0 the anchor's,

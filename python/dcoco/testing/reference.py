@@ -84,7 +84,7 @@ def best_path(scores: torch.Tensor, first: torch.Tensor, lam: float = 1.0) -> to
     """The path rules by brute force over all K^B paths (small shapes only): ranks (R,B) of the path maximising
     first(k_1) + sum_{p=1..B-1} lam^(p-1) S_p(k_p, k_{p+1}) in float64, with first = l_1 or the anchor
     transition's S_0; lam = 1 is Global-Sum. Ties: the lowest ranks at the earliest slot (the lexicographic
-    order of the paths); a NaN path loses to every number, and an all-NaN block gives rank 0 everywhere."""
+    order of the paths). For finite scores (a path worth NaN loses to every number)."""
     R, T, K, _ = scores.shape
     s, f = scores.double(), first.double()
     paths = torch.cartesian_prod(*[torch.arange(K)] * (T + 1)).view(-1, T + 1)  # lexicographic order
