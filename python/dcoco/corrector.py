@@ -24,7 +24,7 @@ class Corrector(nn.Module):
     K the corrector is meant for (checkpoint metadata); no parameter depends on it, and calls accept any
     K up to dcoco.MAX_CANDIDATES.
 
-    anchor_transition (off by default: the paper's DCOCO): the extension of docs/spec.md ("The anchor transition"),
+    anchor_transition (off by default: the paper's DCOCO): the extension of docs/spec.md ("Anchor transition"),
     with the same parameters. The anchor (the block's first input, the last verified token t_0) is a slot 0 whose
     one candidate is t_0 with logit 0 and whose hidden state is the drafter's at that position, so slot 1 is
     re-ranked too: S_0(b) = l_1(b) + Delta(0, b). Every call then takes hidden (R,B+1,d), position 0 the anchor's,
@@ -144,15 +144,18 @@ class Corrector(nn.Module):
                 raise ValueError("anchor_ids: this corrector has no anchor transition (anchor_transition=False); "
                                  "pass None")
             return hidden, cand_ids, cand_logits
-        if not isinstance(anchor_ids, torch.Tensor):
-            raise ValueError(f"anchor_ids: the anchor transition is on: expected the (R,) anchor tokens, got "
-                             f"{type(anchor_ids).__name__}")
-        if hidden.dim() != 3 or cand_ids.dim() != 3 or hidden.shape[:2] != (cand_ids.shape[0], cand_ids.shape[1] + 1):
+        if anchor_ids is None:
+            raise ValueError("anchor_ids: the anchor transition is on: expected the (R,) anchor tokens, got None")
+        fused.require_tensors(anchor_ids=anchor_ids)
+        if cand_ids.dim() != 3:
+            raise ValueError(f"cand_ids: expected 3 dimensions, got shape {tuple(cand_ids.shape)}")
+        if hidden.dim() != 3 or hidden.shape[:2] != (cand_ids.shape[0], cand_ids.shape[1] + 1):
             raise ValueError(f"hidden: the anchor transition is on: expected (R,B+1,d), position 0 the anchor's, for "
                              f"cand_ids (R,B,K); got {tuple(hidden.shape)} and {tuple(cand_ids.shape)}")
         R, _, K = cand_ids.shape
-        if anchor_ids.shape != (R,) or anchor_ids.dtype not in (torch.int32, torch.int64) or \
-                anchor_ids.device != cand_ids.device:
+        if anchor_ids.dtype not in (torch.int32, torch.int64):
+            raise TypeError(f"anchor_ids: expected int32 or int64, got {anchor_ids.dtype}")
+        if anchor_ids.shape != (R,) or anchor_ids.device != cand_ids.device:
             raise ValueError(f"anchor_ids: expected an int32/int64 ({R},) tensor on {cand_ids.device}, got "
                              f"{anchor_ids.dtype} {tuple(anchor_ids.shape)} on {anchor_ids.device}")
         ids = torch.cat([anchor_ids.to(cand_ids.dtype)[:, None, None].expand(R, 1, K), cand_ids], 1)

@@ -16,6 +16,7 @@ import torch
 from dcoco.ops import fused
 from dcoco.ops.checks import RULES
 
+from helpers.anchor import anchored, make_anchor_case
 from helpers.cases import assert_walk_matches, make_case
 from helpers.emulate import build
 
@@ -113,6 +114,31 @@ def test_emulated_kernel_matches_reference(runner, tmp_path, R, B, K, d, dtype, 
     walk_only = run_kernel(runner, tmp_path, case, tab, scores=False, sms=sms, cap=CAPS[cap])  # no grid, the walk
     assert torch.equal(walk_only["ranks"], out["ranks"]) or (walk_only["ranks"] != out["ranks"]).float().mean() < 0.05
     assert_walk_matches(walk_only["ranks"], s64, case.cand_logits[:, 0], atol=1e-4 * scale)
+
+
+@pytest.mark.parametrize("cap", list(CAPS))
+@pytest.mark.parametrize("R,B,K,d,dtype,table", [
+    (2, 15, 16, 64, torch.bfloat16, True),
+    (3, 2, 4, 96, torch.float16, False),
+    (1, 4, 1, 64, torch.float32, False),
+    (8, 3, 4, 64, torch.bfloat16, True),  # more than kGridWalkRequests: the walk alone is the row walk
+])
+def test_emulated_kernel_runs_the_anchor_transition(runner, tmp_path, R, B, K, d, dtype, table, cap):
+    """The anchor transition's B+1 slots (docs/spec.md, "Anchor transition": slot 0 holds K copies of the anchor,
+    logits 0, as Corrector._slots builds them) through the unchanged kernel at every cap: S_0 in every row of the
+    anchor's grid, S_1.. after it, and the greedy walk from the anchor, against the float64 literal."""
+    c = make_anchor_case(R, B, K, d, V=200, dtype=dtype, seed=R + B + K + d + 2)
+    tab = c.corrector.prepare_inference(c.embed) if table else None
+    f64, g64 = c.ref_first(), c.ref_grid()
+    want = anchored(f64, g64)
+    scale = want.abs().max().item() + 1.0
+    for scores in (True, False):  # the whole grid, then the walk alone
+        out = run_kernel(runner, tmp_path, c.slots(), tab, scores=scores, cap=CAPS[cap])
+        assert_walk_matches(out["ranks"], want, torch.zeros(R, K), atol=1e-4 * scale)
+        assert torch.equal(out["tokens"][:, 0], c.anchor_ids.long())
+        assert torch.equal(out["tokens"][:, 1:], c.cand_ids.long().gather(2, out["ranks"][:, 1:, None])[..., 0])
+        if scores:
+            torch.testing.assert_close(out["scores"].double(), want, rtol=1e-5, atol=2e-5 * scale)
 
 
 # fake devices whose dispatch picks each tensor-core path (DCOCO_CUDA_ARCHS_BUILT "80,90a,100a")

@@ -8,12 +8,14 @@ import torch
 import dcoco
 from dcoco.serve import hook
 from dcoco.ops.launches import count
+from dcoco.ops.select import select
 
 B, K, V = 15, 16, 4096
 FORWARD_MAX = 40  # Corrector.forward with the prepared table
 PATH_RULE_MAX = 60  # the grid and a path rule (hook.tokens: score, select, the tokens)
 HOOK_MAX = 46  # the whole compute_logits hook: top-K with rank 0 = the argmax (4 ops over the top-K), the corrector, the hand-back
 TRAIN_CHUNK_MAX = 120  # score + backward, one chunk of requests
+ANCHOR_SLOT = 2  # the anchor transition's slot 0 (docs/spec.md): one cat of the ids, one pad of the logits
 REQUESTS = (1, 8, 32)
 
 
@@ -85,3 +87,66 @@ def test_the_training_path_is_whole_tensor_ops_too():
 
         for R in (1, 8):
             assert step(R).count <= TRAIN_CHUNK_MAX, step(R).by_op()
+
+
+@pytest.fixture(scope="module")
+def anchor_corrector(corrector):
+    """The same weights with the anchor transition on (docs/spec.md, "Anchor transition"), prepared."""
+    m, embed = corrector
+    with dcoco.use_backend("native"):
+        a = dcoco.Corrector(1024, anchor_transition=True).to("meta").requires_grad_(False)
+        a.prepare_inference(embed)
+        yield a, embed
+
+
+def anchor_inputs(R):
+    _, ids, lg = inputs(R)
+    return torch.empty(R, B + 1, 1024, device="meta"), ids, lg, torch.empty(R, device="meta", dtype=torch.int64)
+
+
+def anchor_rule(m, embed, rule, hidden, ids, logits, anchor):
+    """A path rule from the anchor: the B+1-slot grid, walk_inputs, select, the tokens."""
+    first, grid = m.walk_inputs(m.score(hidden, ids, logits, embed, anchor_ids=anchor), logits)
+    return ids.gather(2, select(grid, first, rule)[..., None])[..., 0]
+
+
+def test_the_anchor_forward_adds_its_slot_and_nothing_per_request(corrector, anchor_corrector):
+    """The anchor's slot 0 goes through the same whole-batch walk: exactly ANCHOR_SLOT more kernels than the
+    paper's forward, the same at every R, no host sync."""
+    m, embed = corrector
+    a, _ = anchor_corrector
+    plain = counted(m, *inputs(1), embed).count
+    counts = {R: counted(lambda h, i, lg, t: a(h, i, lg, embed, anchor_ids=t), *anchor_inputs(R)).count
+              for R in REQUESTS}
+    assert set(counts.values()) == {plain + ANCHOR_SLOT}, (plain, counts)
+    assert plain + ANCHOR_SLOT <= FORWARD_MAX
+
+
+@pytest.mark.parametrize("rule", ["global", "geometric"])
+def test_the_anchor_path_rules_add_only_the_slot(corrector, anchor_corrector, rule):
+    m, embed = corrector
+    a, _ = anchor_corrector
+    plain = counted(hook.tokens, m, embed, rule, *inputs(1)).count
+    counts = {R: counted(anchor_rule, a, embed, rule, *anchor_inputs(R)).count for R in REQUESTS}
+    assert set(counts.values()) == {plain + ANCHOR_SLOT}, (plain, counts)
+    assert plain + ANCHOR_SLOT <= PATH_RULE_MAX
+
+
+def test_the_anchor_training_path():
+    """score + backward from the anchor: the paper's training path plus the slot's ANCHOR_SLOT kernels at every
+    chunk size, no sync."""
+    with dcoco.use_backend("native"):
+        plain = dcoco.Corrector(1024).to("meta")
+        a = dcoco.Corrector(1024, anchor_transition=True).to("meta")
+        embed = torch.empty(V, 1024, device="meta")
+
+        def step(m, R):
+            h, ids, lg, t = anchor_inputs(R) if m is a else (*inputs(R), None)
+            h.requires_grad_()
+            kw = {"anchor_ids": t} if m is a else {}
+            _, c = count(lambda: m.score(h, ids, lg, embed, **kw).sum().backward())
+            assert c.syncs == 0, c.ops
+            return c
+
+        for R in (1, 8):
+            assert step(a, R).count == step(plain, R).count + ANCHOR_SLOT <= TRAIN_CHUNK_MAX, step(a, R).by_op()

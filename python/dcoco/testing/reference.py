@@ -78,3 +78,20 @@ def anchor_scores(hidden, cand_ids, cand_logits, anchor_ids, embed, cand_proj, c
     x = torch.cat([s0[:, None].expand(R, K, r), z0.expand(R, K, r), z1, torch.zeros_like(l[:, 0, :, None]),
                    l[:, 0, :, None]], -1)                                       # (R,K,3r+2)
     return l[:, 0] + (F.gelu(x @ W1.T + b1) @ W2.T + b2)[..., 0]
+
+
+def best_path(scores: torch.Tensor, first: torch.Tensor, lam: float = 1.0) -> torch.Tensor:
+    """The path rules by brute force over all K^B paths (small shapes only): ranks (R,B) of the path maximising
+    first(k_1) + sum_{p=1..B-1} lam^(p-1) S_p(k_p, k_{p+1}) in float64, with first = l_1 or the anchor
+    transition's S_0; lam = 1 is Global-Sum. Ties: the lowest ranks at the earliest slot (the lexicographic
+    order of the paths). For finite scores (a path worth NaN loses to every number)."""
+    R, T, K, _ = scores.shape
+    s, f = scores.double(), first.double()
+    paths = torch.cartesian_prod(*[torch.arange(K)] * (T + 1)).view(-1, T + 1)  # lexicographic order
+    out = torch.zeros(R, T + 1, dtype=torch.int64)
+    for q in range(R):
+        value = f[q, paths[:, 0]]
+        for p in range(T):
+            value = value + lam ** p * s[q, p, paths[:, p], paths[:, p + 1]]
+        out[q] = paths[int(torch.argmax(torch.where(value.isnan(), -torch.inf, value)))]  # the first maximum
+    return out
