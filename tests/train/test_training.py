@@ -503,3 +503,90 @@ def test_frozen_cache_keeps_what_evaluation_feeds(target, corpus):
         h = drafter(s["ids"][None].long(), s["hidden"][None], a[None], embed)[0, :, 1:]
     assert torch.equal(cache["hidden"][:len(a)], h)
 
+
+
+def anchor_corrector(seed: int = 0) -> Corrector:
+    torch.manual_seed(seed)
+    c = Corrector(64, 32, 16, 32, anchor_transition=True)
+    with torch.no_grad():
+        c.mlp[2].weight.normal_()  # active: it re-ranks slot 1
+    return c
+
+
+def test_anchor_transition_trains_through_the_anchor_state(target, corpus):
+    """The joint objective with the anchor transition: L_corr gains the slot-1 term (literal check against the
+    loss built by hand from the drafter's block), learns a repeated batch, and its gradient reaches the drafter
+    through the anchor position's hidden state."""
+    from dcoco.loss import correction_loss
+
+    embed, head = frozen(target)
+    torch.manual_seed(0)
+    drafter, corrector = DFlashDrafter(drafter_cfg(target)), anchor_corrector()
+    cfg = small(anchor_transition=True)
+    obj = Objective(drafter, corrector, cfg)
+    batch = Schedule(corpus, 0, 2, 8, 0, 1).batch(0)
+    out = obj(batch, embed, head)
+    (N, A), S = batch["anchors"].shape, batch["ids"].shape[1]
+    block = drafter(batch["ids"], batch["hidden"], batch["anchors"], embed).reshape(N * A, 8, -1)
+    vals, ids = DFlashDrafter.compute_logits(block[:, 1:], head).float().topk(32, -1)
+    pos = batch["anchors"][..., None] + torch.arange(1, 8)
+    at = pos.clamp(max=S - 1).view(N, -1)
+    target_ids = batch["labels"].gather(1, at).view(N * A, 7)
+    valid = ((pos < S) & batch["response"].gather(1, at).view(N, A, -1)).view(N * A, -1) & \
+        batch["anchor_ok"].reshape(-1)[:, None]
+    first, grid = corrector.walk_inputs(corrector.score(block, ids, vals, embed, batch["ids"].gather(
+        1, batch["anchors"]).reshape(-1)), vals)
+    want = correction_loss(grid, ids, target_ids, valid, cfg.rho, first)
+    torch.testing.assert_close(out["corr"], want)
+    assert not torch.allclose(want, correction_loss(grid, ids, target_ids, valid, cfg.rho))  # the term counts
+    h = drafter(batch["ids"], batch["hidden"], batch["anchors"], embed)
+    g = torch.autograd.grad(corrector.score(h.reshape(N * A, 8, -1), ids, vals.detach(), embed,
+                                            batch["ids"].gather(1, batch["anchors"]).reshape(-1)).sum(), h)[0]
+    assert g[:, :, 0].abs().sum() > 0  # the anchor's state is an input of the scores
+    _learns_a_repeated_batch(Objective(DFlashDrafter(drafter_cfg(target)), anchor_corrector(1), cfg), corpus, embed,
+                             head)
+
+
+def test_anchor_transition_at_init_keeps_the_drafter_argmax_and_must_match_the_config(target, corpus):
+    embed, head = frozen(target)
+    torch.manual_seed(0)
+    drafter = DFlashDrafter(drafter_cfg(target))
+    obj = Objective(drafter, Corrector(64, 32, 16, 32, anchor_transition=True), small(anchor_transition=True))
+    with torch.no_grad():
+        out = obj(Schedule(corpus, 0, 2, 8, 0, 1).batch(0), embed, head)
+    assert float(out["tau_dcoco"]) == float(out["tau_dflash"])
+    with pytest.raises(ValueError, match="anchor_transition"):
+        train(small(steps=1, mode="corrector"), corpus, embed, head, drafter, anchor_corrector(), progress=False)
+
+
+def test_anchor_checkpoint_round_trip_and_frozen_training(target, corpus, tmp_path):
+    from dcoco.train import frozen as frozen_mod
+
+    embed, head = frozen(target)
+    torch.manual_seed(0)
+    drafter, corrector = DFlashDrafter(drafter_cfg(target)), anchor_corrector()
+    checkpoint.save(tmp_path / "anchor", drafter, corrector)
+    dc = json.loads((tmp_path / "anchor" / "config.json").read_text())["dcoco_config"]
+    assert dc["anchor_transition"] is True
+    _, c2 = checkpoint.load(tmp_path / "anchor")
+    assert c2.anchor_transition and all(torch.equal(c2.state_dict()[k], v) for k, v in corrector.state_dict().items())
+    cfg_path = tmp_path / "anchor" / "config.json"
+    cfg = json.loads(cfg_path.read_text())
+    cfg["dcoco_config"]["anchor_transition"] = "yes"
+    cfg_path.write_text(json.dumps(cfg))
+    with pytest.raises(ValueError, match="dcoco_config.anchor_transition"):
+        checkpoint.load(tmp_path / "anchor")
+    # the frozen cache keeps the anchor's state; a cache written without it is built again
+    path = tmp_path / "drafts.safetensors"
+    cache = frozen_mod.build(drafter.eval(), corpus, embed, head, num_candidates=32, anchors=4, path=path,
+                             progress=False)
+    s = corpus[0]
+    a = sample_anchors(s["response"], 4, frozen_mod._gen(0, 0))
+    with torch.no_grad():
+        h0 = drafter(s["ids"][None].long(), s["hidden"][None], a[None], embed)[0, :, 0]
+    assert torch.equal(cache["anchor_hidden"][:len(a)], h0)
+    save_file({k: v for k, v in cache.items() if k != "anchor_hidden"}, str(path))
+    assert set(frozen_mod.build(drafter, corpus, embed, head, num_candidates=32, anchors=4, path=path,
+                                progress=False)) == set(frozen_mod.KEYS)
+    info = frozen_mod.train(corrector, cache, embed, 3, batch=8, progress=False)
+    assert info["steps"] == 3 and info["final_loss"] > 0
