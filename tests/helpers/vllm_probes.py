@@ -10,16 +10,23 @@ def _drafter(worker):
 
 def record(worker) -> None:
     """From now on, keep every corrected draft: the hook's inputs, tokens and slots per request, and which vLLM
-    call made it."""
+    call made it; beside each (in "anchors"), the anchor rows and ids it was given (None for the paper's corrector)
+    and the whole drafter pass they came from: its output rows and input ids."""
     m = _drafter(worker)
-    m.probe_log, m.probe_entry = [], []
-    correct = type(m).correct
+    m.probe_log, m.probe_entry, m.probe_anchor = [], [], []
+    correct, draft_inputs = type(m).correct, type(m)._draft_inputs
 
-    def recording(hidden, cand_ids, cand_logits, slots):
-        tokens = correct(m, hidden, cand_ids, cand_logits, slots)
+    def keeping_the_pass(rows):
+        m.probe_pass = None if m._anchors is None else tuple(t.clone() for t in m._anchors)
+        return draft_inputs(m, rows)
+
+    def recording(hidden, cand_ids, cand_logits, slots, anchor=()):
+        tokens = correct(m, hidden, cand_ids, cand_logits, slots, anchor)
         m.probe_log.append((hidden.clone(), cand_ids.clone(), cand_logits.clone(), tokens.clone(), slots))
+        m.probe_anchor.append({"hidden": anchor[0].clone(), "ids": anchor[1].clone(), "pass": m.probe_pass}
+                              if anchor else None)
         return tokens
-    m.correct = recording
+    m._draft_inputs, m.correct = keeping_the_pass, recording
     for name in ("compute_logits", "get_top_tokens", "sample_draft"):
         inner = getattr(type(m), name)
 
@@ -31,13 +38,15 @@ def record(worker) -> None:
 
 def recorded(worker) -> dict:
     m = _drafter(worker)
-    return {"drafts": list(m.probe_log), "entries": sorted(set(m.probe_entry)), "calls": len(m.probe_entry)}
+    return {"drafts": list(m.probe_log), "entries": sorted(set(m.probe_entry)), "calls": len(m.probe_entry),
+            "anchors": list(m.probe_anchor)}
 
 
 def clear(worker) -> None:
     m = _drafter(worker)
     m.probe_log.clear()
     m.probe_entry.clear()
+    m.probe_anchor.clear()
 
 
 def state(worker) -> dict:
@@ -49,7 +58,8 @@ def state(worker) -> dict:
     return {"name": type(m).__name__, "corrector": True, "prepared": m.corrector.prepared,
             "embed_rows": None if op.embed is None else op.embed.shape[0],
             "table_rows": m.corrector._prepared[1].shape[0] if m.corrector.prepared else None, "method": op._forward_method.__name__,
-            "point_mass": m.point_mass, "walks": m.walks, "weight": float(m.corrector.mlp[2].weight.abs().sum())}
+            "point_mass": m.point_mass, "walks": m.walks, "weight": float(m.corrector.mlp[2].weight.abs().sum()),
+            "anchor": m.corrector.anchor_transition}
 
 
 def table(worker) -> dict:
