@@ -29,7 +29,9 @@ def make_target(path, seed: int = 0):
     Qwen3ForCausalLM(cfg).to(torch.bfloat16).save_pretrained(path)
 
 
-def make_drafter(path, corrector: bool = True, drop: str | None = None, zlab: bool = False):
+def make_drafter(path, corrector: bool = True, drop: str | None = None, zlab: bool = False, anchor: bool = False):
+    """A tiny drafter checkpoint: with a random corrector that changes drafts (anchor: an anchor-aware one, which
+    re-ranks slot 1 too), without one, or z-lab's layout; drop: one corrector tensor left out."""
     torch.manual_seed(1)
     d = DFlashDrafter(DFlashConfig(hidden_size=128, intermediate_size=256, num_hidden_layers=1, num_attention_heads=4,
                                    num_key_value_heads=2, head_dim=32, vocab_size=V, mask_token_id=V - 1,
@@ -42,7 +44,7 @@ def make_drafter(path, corrector: bool = True, drop: str | None = None, zlab: bo
         return
     c = None
     if corrector:
-        c = Corrector(128, num_candidates=8, width=32, mlp_hidden=64)
+        c = Corrector(128, num_candidates=8, width=32, mlp_hidden=64, anchor_transition=anchor)
         torch.nn.init.normal_(c.mlp[2].weight, std=2.0)  # a trained-looking output layer: it overrides the argmax
     checkpoint.save(path, d, c)
     if drop:  # a partial checkpoint: one corrector tensor missing

@@ -10,16 +10,23 @@ def _drafter(worker):
 
 def record(worker) -> None:
     """From now on, keep every corrected draft: the hook's inputs, tokens and slots per request, and which vLLM
-    call made it."""
+    call made it; beside each (in "anchors"), the anchor rows and ids it was given (None for the paper's corrector)
+    and the whole drafter pass they came from: its output rows and input ids."""
     m = _drafter(worker)
-    m.probe_log, m.probe_entry = [], []
-    correct = type(m).correct
+    m.probe_log, m.probe_entry, m.probe_anchor = [], [], []
+    correct, draft_inputs = type(m).correct, type(m)._draft_inputs
 
-    def recording(hidden, cand_ids, cand_logits, slots):
-        tokens = correct(m, hidden, cand_ids, cand_logits, slots)
+    def keeping_the_pass(rows):
+        m.probe_pass = None if m._anchors is None else tuple(t.clone() for t in m._anchors)
+        return draft_inputs(m, rows)
+
+    def recording(hidden, cand_ids, cand_logits, slots, anchor=()):
+        tokens = correct(m, hidden, cand_ids, cand_logits, slots, anchor)
         m.probe_log.append((hidden.clone(), cand_ids.clone(), cand_logits.clone(), tokens.clone(), slots))
+        m.probe_anchor.append({"hidden": anchor[0].clone(), "ids": anchor[1].clone(), "pass": m.probe_pass}
+                              if anchor else None)
         return tokens
-    m.correct = recording
+    m._draft_inputs, m.correct = keeping_the_pass, recording
     for name in ("compute_logits", "get_top_tokens", "sample_draft"):
         inner = getattr(type(m), name)
 
@@ -31,13 +38,15 @@ def record(worker) -> None:
 
 def recorded(worker) -> dict:
     m = _drafter(worker)
-    return {"drafts": list(m.probe_log), "entries": sorted(set(m.probe_entry)), "calls": len(m.probe_entry)}
+    return {"drafts": list(m.probe_log), "entries": sorted(set(m.probe_entry)), "calls": len(m.probe_entry),
+            "anchors": list(m.probe_anchor)}
 
 
 def clear(worker) -> None:
     m = _drafter(worker)
     m.probe_log.clear()
     m.probe_entry.clear()
+    m.probe_anchor.clear()
 
 
 def state(worker) -> dict:
@@ -49,7 +58,8 @@ def state(worker) -> dict:
     return {"name": type(m).__name__, "corrector": True, "prepared": m.corrector.prepared,
             "embed_rows": None if op.embed is None else op.embed.shape[0],
             "table_rows": m.corrector._prepared[1].shape[0] if m.corrector.prepared else None, "method": op._forward_method.__name__,
-            "point_mass": m.point_mass, "walks": m.walks, "weight": float(m.corrector.mlp[2].weight.abs().sum())}
+            "point_mass": m.point_mass, "walks": m.walks, "weight": float(m.corrector.mlp[2].weight.abs().sum()),
+            "anchor": m.corrector.anchor_transition}
 
 
 def table(worker) -> dict:
@@ -142,6 +152,36 @@ def padded_check(worker, requests: int, padded: int, seed: int = 0) -> dict:
             "padded_logits_argmax": m.compute_logits(pad)[real].argmax(-1).tolist(),
             "top_tokens": m.get_top_tokens(h).tolist(), "padded_top_tokens": m.get_top_tokens(pad)[real].tolist(),
             "dtype": str(logits.dtype)}
+
+
+def anchor_padded_check(worker, requests: int, padded: int, seed: int = 0) -> dict:
+    """V2's draft step inside its CUDA graph, for an anchor-aware corrector: the drafter pass over `padded` requests
+    (1 + N query rows each, the anchor first; the padding requests' rows and ids stale), then the draft call on
+    padded * N rows, those past the real requests' copies of row 0 (V2's sample index for padding, the first
+    request's anchor row). Through both draft calls, the real rows' tokens against the unpadded pass and call; the
+    plain DFlash argmax; and the call's tokens when no pass came before it."""
+    m = _drafter(worker)
+    N, Q = m.num_slots, m.num_slots + 1
+    g = torch.Generator().manual_seed(seed)
+    dtype = m.model.fc.weight.dtype
+    rows = torch.randn(padded * Q, m.config.hidden_size, generator=g).to(dtype)
+    ids = torch.full((padded * Q,), m.config.vocab_size - 1, dtype=torch.int32)
+    ids[::Q] = torch.randint(0, m.config.vocab_size - 1, (padded,), generator=g, dtype=torch.int32)
+    drafted = torch.arange(padded * Q).view(padded, Q)[:, 1:].reshape(-1)
+    hidden = rows[drafted[:requests * N]]
+    pad = torch.cat([hidden, rows[:1].expand((padded - requests) * N, -1)])
+    real = slice(0, requests * N)
+    out = {}
+    for name, call in (("logits", lambda h: m.compute_logits(h).argmax(-1)), ("top", m.get_top_tokens)):
+        m._anchors = (rows[:requests * Q], ids[:requests * Q])
+        out[name] = call(hidden).tolist()
+        m._anchors = (rows, ids)
+        out["padded_" + name] = call(pad)[real].tolist()
+    m._anchors = None
+    from vllm.model_executor.models.qwen3_dflash import DFlashQwen3ForCausalLM
+    out["plain"] = DFlashQwen3ForCausalLM.compute_logits(m, hidden).argmax(-1).tolist()
+    out["without_pass"] = m.compute_logits(hidden).argmax(-1).tolist()  # no pass kept: plain DFlash
+    return out
 
 
 def fix_cpu_expand() -> None:

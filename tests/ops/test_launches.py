@@ -14,6 +14,7 @@ B, K, V = 15, 16, 4096
 FORWARD_MAX = 40  # Corrector.forward with the prepared table
 PATH_RULE_MAX = 60  # the grid and a path rule (hook.tokens: score, select, the tokens)
 HOOK_MAX = 46  # the whole compute_logits hook: top-K with rank 0 = the argmax (4 ops over the top-K), the corrector, the hand-back
+ANCHOR_HOOK_MAX = 50  # the same with an anchor-aware corrector: the anchor joined to its block, slot 0's K copies
 TRAIN_CHUNK_MAX = 120  # score + backward, one chunk of requests
 ANCHOR_SLOT = 2  # the anchor transition's slot 0 (docs/spec.md): one cat of the ids, one pad of the logits
 REQUESTS = (1, 8, 32)
@@ -69,6 +70,29 @@ def test_the_vllm_hook_as_a_whole(corrector, point_mass):
     counts = {R: run(R).count for R in REQUESTS}
     assert len(set(counts.values())) == 1, counts
     assert counts[1] <= HOOK_MAX, run(1).by_op()
+
+
+@pytest.mark.parametrize("point_mass", [False, True])
+def test_the_vllm_hook_with_the_anchor_transition(point_mass):
+    """The plugin's compute_logits hook for an anchor-aware corrector: the anchor rows (R, d) are strided views of
+    the drafter pass and the anchor ids (R,) int32, as vLLM's input buffer holds them."""
+    with dcoco.use_backend("native"):
+        m = dcoco.Corrector(1024, anchor_transition=True).to("meta").requires_grad_(False)
+        embed = torch.empty(V, 1024, device="meta")
+        m.prepare_inference(embed)
+
+    def run(R):
+        logits = torch.empty(R * B, V, device="meta", dtype=torch.bfloat16)
+        hidden = torch.empty(R * B, 1024, device="meta", dtype=torch.bfloat16)
+        block = torch.empty(R * (B + 1), 1024, device="meta", dtype=torch.bfloat16)  # the pass's rows
+        ids = torch.empty(R * (B + 1), device="meta", dtype=torch.int32)
+        correct = hook.rows(lambda h, i, lg, a: hook.tokens(m, embed, "greedy", h, i, lg, a), B)
+        return counted(hook.on_logits, correct, hidden, logits, K, point_mass, block[::B + 1], ids[::B + 1])
+
+    counts = {R: run(R).count for R in REQUESTS}
+    # the draft is a column slice of the walk's (R, B+1) tokens: flat without a copy at R = 1 only
+    assert counts[8] == counts[32] == counts[1] + 1, counts
+    assert counts[8] <= ANCHOR_HOOK_MAX, run(8).by_op()
 
 
 def test_the_training_path_is_whole_tensor_ops_too():

@@ -32,6 +32,7 @@ def models(tmp_path_factory):
     root = tmp_path_factory.mktemp("vllm")
     make_target(root / "target")
     make_drafter(root / "dcoco")
+    make_drafter(root / "anchor", anchor=True)
     make_drafter(root / "dflash", corrector=False, zlab=True)
     make_drafter(root / "partial", drop="corrector.mlp.0.weight")
     return root
@@ -100,7 +101,7 @@ def test_dcoco_greedy_is_lossless_and_counted(plain_greedy, served):
     s = served
     assert s["ready"] == {"name": "DFlashDCOCOForCausalLM", "corrector": True, "prepared": True, "embed_rows": V,
                           "table_rows": V, "method": "forward_cpu", "point_mass": False, "walks": False,
-                          "weight": s["ready"]["weight"]}
+                          "weight": s["ready"]["weight"], "anchor": False}
     assert s["ready"]["weight"] > 0  # the checkpoint's corrector, loaded
     assert s["tokens"] == plain_greedy
     assert s["log"]["entries"] == ["compute_logits"] and len(s["log"]["drafts"]) > 0  # vLLM drafted through it
@@ -177,11 +178,9 @@ def test_local_argmax_reduction_corrects_through_the_native_op(models, served, p
 def _drafts_are_the_corrector(models, drafts, embed=None) -> int:
     """Each recorded draft is Corrector.forward of its (hidden, top-K) inputs at its own slot count, with the
     checkpoint's corrector and the target's embedding (or embed). Returns how many slots it re-selected."""
-    from safetensors.torch import load_file
-
     _, corrector = checkpoint.load(models / "dcoco")
     if embed is None:
-        embed = load_file(str(models / "target" / "model.safetensors"))["model.embed_tokens.weight"]
+        embed = _target_embedding(models)
     corrector.prepare_inference(embed)  # as the served corrector
     changed = 0
     for hidden, ids, logits, tokens, slots in drafts:
@@ -191,6 +190,70 @@ def _drafts_are_the_corrector(models, drafts, embed=None) -> int:
         assert torch.equal(tokens, want.view(-1))
         changed += int((tokens != ids[:, 0]).sum())
     return changed
+
+
+@pytest.fixture(scope="module")
+def anchored(models):
+    """The drafter with an anchor-aware corrector (random output layer) served greedily: its drafts and outputs."""
+    llm = _llm(models, "anchor")
+    state = _rpc(llm, probes.state)
+    llm.collective_rpc(probes.record)
+    tokens = generate(llm)
+    log = _rpc(llm, probes.recorded)
+    padded = _rpc(llm, probes.anchor_padded_check, 3, 8)
+    close(llm)
+    return {"state": state, "tokens": tokens, "log": log, "padded": padded}
+
+
+def test_an_anchor_aware_corrector_is_lossless_and_reads_the_anchor(models, anchored, plain_greedy):
+    """dcoco_config.anchor_transition: greedy output is still target-only decoding's; every draft is Corrector.forward
+    of the block with its anchor prepended; the anchor rows and ids are each request's first query row of the same
+    drafter pass (the drafted rows are its rows 1..N, the mask token's), and the anchor ids are the requests' last
+    committed tokens, in order. The anchor term re-ranks slot 1, which the paper's walk never does."""
+    assert anchored["state"]["anchor"] and anchored["state"]["prepared"]
+    assert anchored["tokens"] == plain_greedy
+    log = anchored["log"]
+    assert log["entries"] == ["compute_logits"] and log["drafts"] and None not in log["anchors"]
+    _, corrector = checkpoint.load(models / "anchor")
+    assert corrector.anchor_transition
+    embed = _target_embedding(models)
+    corrector.prepare_inference(embed)
+    slot1_changed, order = 0, [[], []]
+    for (hidden, ids, logits, tokens, slots), a in zip(log["drafts"], log["anchors"]):
+        R, Q = hidden.shape[0] // slots, slots + 1
+        rows, inputs = a["pass"][0][:R * Q].view(R, Q, -1), a["pass"][1][:R * Q].view(R, Q)
+        assert torch.equal(a["hidden"], rows[:, 0]) and torch.equal(a["ids"], inputs[:, 0])
+        assert torch.equal(hidden.view(R, slots, -1), rows[:, 1:]) and bool((inputs[:, 1:] == V - 1).all())
+        blocks = torch.cat([a["hidden"][:, None], hidden.view(R, slots, -1)], 1)
+        want = corrector(blocks, ids.view(R, slots, -1), logits.view(R, slots, -1), embed, a["ids"])[1]
+        assert torch.equal(tokens, want.reshape(-1))
+        slot1_changed += int((tokens.view(R, slots)[:, 0] != ids.view(R, slots, -1)[:, 0, 0]).sum())
+        if R == 2:  # both requests running: rows in request order
+            for r in range(2):
+                order[r].append(int(a["ids"][r]))
+    assert slot1_changed > 0
+    for r in range(2):
+        assert order[r] and _in_order(order[r], anchored["tokens"][r]), (order[r], anchored["tokens"][r])
+
+
+def test_anchor_rows_in_v2s_padded_graph_leave_the_real_drafts_alone(anchored):
+    """V2 drafts over a padded request count: the pass has 1 + N rows for every padded request, the draft call's
+    padding rows copy row 0. The real requests' anchors are the pass's first rows, so their drafts are those of the
+    unpadded pass, through both calls; a call with no pass before it drafts plain DFlash."""
+    out = anchored["padded"]
+    assert out["padded_logits"] == out["logits"] == out["padded_top"] == out["top"]
+    assert out["logits"] != out["plain"] and out["without_pass"] == out["plain"]
+
+
+def _target_embedding(models) -> torch.Tensor:
+    from safetensors.torch import load_file
+    return load_file(str(models / "target" / "model.safetensors"))["model.embed_tokens.weight"]
+
+
+def _in_order(xs: list, ys: list) -> bool:
+    """xs is a subsequence of ys."""
+    it = iter(ys)
+    return all(any(x == y for y in it) for x in xs)
 
 
 def test_dynamic_speculation_corrects_each_block_at_its_own_length(models, plain_greedy):

@@ -27,15 +27,17 @@ def models(tmp_path_factory):
     root = tmp_path_factory.mktemp("vllm_tp")
     make_target(root / "target")
     make_drafter(root / "dcoco")
+    make_drafter(root / "anchor", anchor=True)
     return root
 
 
-def _serve(root, tp: int, **spec) -> dict:
-    """Greedy outputs, spec counters and every rank's corrected drafts, on tp ranks (one core each)."""
+def _serve(root, tp: int, drafter: str = "dcoco", **spec) -> dict:
+    """Greedy outputs, spec counters and every rank's corrected drafts (and their recorded inputs, "logs"), on tp
+    ranks (one core each)."""
     llm = vllm.LLM(model=str(root / "target"), skip_tokenizer_init=True, dtype="bfloat16", max_model_len=256,
                    max_num_seqs=4, enforce_eager=True, disable_log_stats=False, seed=0, tensor_parallel_size=tp,
                    distributed_executor_backend="mp" if tp > 1 else "uni",
-                   speculative_config={"method": "dflash", "model": str(root / "dcoco"), "num_speculative_tokens": N,
+                   speculative_config={"method": "dflash", "model": str(root / drafter), "num_speculative_tokens": N,
                                        **spec})
     try:
         states = llm.collective_rpc(probes.state)
@@ -46,7 +48,8 @@ def _serve(root, tp: int, **spec) -> dict:
         gathered = llm.collective_rpc(probes.gather_check, args=(37,)) if tp > 1 else None
         return {"states": states, "tokens": tokens, "counters": spec_counters(llm), "memory": memory,
                 "gathered_in_chunks": gathered,
-                "drafts": [[t for *_, t, _ in log["drafts"]] for log in logs], "entries": [log["entries"] for log in logs]}
+                "drafts": [[t for *_, t, _ in log["drafts"]] for log in logs], "entries": [log["entries"] for log in logs],
+                "logs": logs}
     finally:
         close(llm)
 
@@ -78,3 +81,29 @@ def test_two_ranks_draft_what_one_rank_drafts(models, one_rank, local_argmax):
     assert a == b and one["embed"] == 0 and one["stand_in"] == 0
     assert a["embed"] == 0 and a["stand_in"] == a["embed_dtype_size"]
     assert one["table"] == a["table"] == V * a["width"] * 4
+
+
+def test_two_ranks_serve_an_anchor_aware_corrector(models, one_rank):
+    """dcoco_config.anchor_transition under TP, through get_top_tokens (vLLM's vocab-parallel top-K): the ranks draft
+    the same tokens from the same anchors (the drafter's output rows and input ids are whole on every rank), each
+    draft is Corrector.forward of its anchor and block, and greedy output is target-only decoding's."""
+    from safetensors.torch import load_file
+
+    from dcoco.modeling import checkpoint
+
+    two = _serve(models, 2, drafter="anchor", use_local_argmax_reduction=True)
+    assert all(s["anchor"] and s["prepared"] for s in two["states"])
+    assert two["entries"] == [["get_top_tokens"]] * 2
+    assert two["tokens"] == one_rank["tokens"]  # both lossless: the target's greedy output
+    assert _same_drafts(two["drafts"][0], two["drafts"][1])
+    a, b = (log["anchors"] for log in two["logs"])
+    assert len(a) == len(b) and all(torch.equal(x["hidden"], y["hidden"]) and torch.equal(x["ids"], y["ids"])
+                                    for x, y in zip(a, b))
+    _, corrector = checkpoint.load(models / "anchor")
+    embed = load_file(str(models / "target" / "model.safetensors"))["model.embed_tokens.weight"]
+    corrector.prepare_inference(embed)
+    for (hidden, ids, logits, tokens, slots), anchor in zip(two["logs"][0]["drafts"], a):
+        R = hidden.shape[0] // slots
+        blocks = torch.cat([anchor["hidden"][:, None], hidden.view(R, slots, -1)], 1)
+        want = corrector(blocks, ids.view(R, slots, -1), logits.view(R, slots, -1), embed, anchor["ids"])[1]
+        assert torch.equal(tokens, want.reshape(-1))

@@ -13,22 +13,27 @@ from ..ops.select import sample, select
 
 
 def tokens(corrector: Corrector, embed: torch.Tensor, selection: str, hidden: torch.Tensor, cand_ids: torch.Tensor,
-           cand_logits: torch.Tensor) -> torch.Tensor:
+           cand_logits: torch.Tensor, anchor_ids: torch.Tensor | None = None) -> torch.Tensor:
     """tokens (R,N) int64: the corrected draft for hidden (R,N,d), cand_ids / cand_logits (R,N,K), by the rule
-    selection (greedy: the corrector's walk over the prepared table; global / geometric: the whole grid)."""
+    selection (greedy: the corrector's walk over the prepared table; global / geometric: the whole grid). An
+    anchor-aware corrector (anchor_transition) takes hidden (R,N+1,d), position 0 the anchor's, and anchor_ids (R,)."""
     if selection == "greedy":
-        return corrector(hidden, cand_ids, cand_logits, embed)[1]
-    ranks = select(corrector.score(hidden, cand_ids, cand_logits, embed), cand_logits[:, 0], selection)
+        return corrector(hidden, cand_ids, cand_logits, embed, anchor_ids)[1]
+    scores = corrector.score(hidden, cand_ids, cand_logits, embed, anchor_ids)
+    first, grid = corrector.walk_inputs(scores, cand_logits)
+    ranks = select(grid, first, selection)
     return cand_ids.gather(2, ranks[..., None])[..., 0]
 
 
 def sampled(corrector: Corrector, embed: torch.Tensor, hidden: torch.Tensor, cand_ids: torch.Tensor,
-            cand_logits: torch.Tensor, temperature: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+            cand_logits: torch.Tensor, temperature: torch.Tensor, anchor_ids: torch.Tensor | None = None
+            ) -> tuple[torch.Tensor, torch.Tensor]:
     """The sampled walk (select.sample) over the corrector's scores: tokens (R,N) int64 and their proposal
     q (R,N,K) float32 over the candidates, for hidden (R,N,d), cand_ids / cand_logits (R,N,K) and temperature (R,)
-    per request (0: greedy)."""
-    scores = corrector.score(hidden, cand_ids, cand_logits, embed)
-    ranks, q = sample(scores, cand_logits[:, 0], temperature)
+    per request (0: greedy). With the anchor transition, hidden and anchor_ids as in tokens()."""
+    scores = corrector.score(hidden, cand_ids, cand_logits, embed, anchor_ids)
+    first, grid = corrector.walk_inputs(scores, cand_logits)
+    ranks, q = sample(grid, first, temperature)
     return cand_ids.gather(2, ranks[..., None])[..., 0], q
 
 
@@ -66,17 +71,40 @@ def hand_back(logits: torch.Tensor, tokens: torch.Tensor, point_mass: bool) -> t
     return logits.scatter_(1, tokens[:, None], float("inf"))
 
 
+def blocks(hidden: torch.Tensor, slots: int, anchor_hidden: torch.Tensor | None = None) -> torch.Tensor:
+    """The (R*N, d) drafted rows, request-major, N = slots, as the corrector's (R,N,d) blocks; with anchor_hidden
+    (R, d), the drafter's hidden state at each block's anchor, as (R,N+1,d), the anchor first."""
+    h = hidden.view(hidden.shape[0] // slots, slots, -1)
+    if anchor_hidden is None:
+        return h
+    if anchor_hidden.shape != (h.shape[0], h.shape[2]):
+        raise ValueError(f"anchor_hidden: expected one ({h.shape[0]}, {h.shape[2]}) row per request of the "
+                         f"{hidden.shape[0]} drafted rows ({slots} slots each), got {tuple(anchor_hidden.shape)}")
+    return torch.cat([anchor_hidden[:, None], h], 1)
+
+
 def rows(correct, slots: int):
     """correct over (R,N,...) blocks as the hook calls it, over rows request-major: hidden (R*N, d), ids and
-    values (R*N, K) -> tokens (R*N,), N = slots."""
-    def by_rows(hidden: torch.Tensor, ids: torch.Tensor, values: torch.Tensor) -> torch.Tensor:
+    values (R*N, K) -> tokens (R*N,), N = slots. An anchor-aware correct also takes anchor_hidden (R, d) and
+    anchor_ids (R,), the block's first position (see blocks()), and is called as correct(hidden, ids, values,
+    anchor_ids) on the (R,N+1,d) blocks; without them the call is the paper's, unchanged."""
+    def by_rows(hidden: torch.Tensor, ids: torch.Tensor, values: torch.Tensor, anchor_hidden: torch.Tensor | None = None,
+                anchor_ids: torch.Tensor | None = None) -> torch.Tensor:
+        if (anchor_hidden is None) != (anchor_ids is None):
+            raise ValueError("anchor_hidden, anchor_ids: pass both (an anchor-aware corrector) or neither")
         R, K = hidden.shape[0] // slots, ids.shape[-1]
-        return correct(hidden.view(R, slots, -1), ids.view(R, slots, K), values.view(R, slots, K)).view(-1)
+        h, ids, values = blocks(hidden, slots, anchor_hidden), ids.view(R, slots, K), values.view(R, slots, K)
+        if anchor_ids is None:
+            return correct(h, ids, values).view(-1)
+        return correct(h, ids, values, anchor_ids).reshape(-1)  # the anchor's column sliced off: not contiguous
     return by_rows
 
 
-def on_logits(correct, hidden: torch.Tensor, logits: torch.Tensor, k: int, point_mass: bool) -> torch.Tensor:
+def on_logits(correct, hidden: torch.Tensor, logits: torch.Tensor, k: int, point_mass: bool,
+              anchor_hidden: torch.Tensor | None = None, anchor_ids: torch.Tensor | None = None) -> torch.Tensor:
     """The whole hook on a compute_logits call: logits (rows, V) of hidden (rows, d); correct(hidden, ids,
-    values) -> (rows,) tokens over the rows' top-K (see rows()). Returns logits, rewritten in place."""
+    values) -> (rows,) tokens over the rows' top-K (see rows()), given anchor_hidden (R, d) and anchor_ids (R,) too
+    when the corrector is anchor-aware. Returns logits, rewritten in place."""
     ids, values = candidates(logits, k)
-    return hand_back(logits, correct(hidden, ids, values), point_mass)
+    anchor = () if anchor_hidden is None and anchor_ids is None else (anchor_hidden, anchor_ids)
+    return hand_back(logits, correct(hidden, ids, values, *anchor), point_mass)

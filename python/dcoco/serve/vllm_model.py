@@ -19,6 +19,10 @@ The corrector runs as the vLLM custom op `dcoco_corrector`: `forward_native` is 
 are switched. It is on by default, also under inductor (where vLLM's own ops default off): it runs outside the
 compiled region, and the backend choice already picks native code where the fused kernel is not proven.
 
+An anchor-aware corrector (dcoco_config.anchor_transition, docs/spec.md) also reads each block's anchor: the
+drafter's hidden state at the block's first query position (the last verified token) and that token, both from the
+same drafter pass, which forward keeps for the draft call that follows (see forward and _draft_inputs).
+
 Under tensor parallelism the target's embedding is a vocab-parallel shard on each rank: the full (V, d) table is
 gathered once (in chunks), when vLLM shares it into the drafter at load time, the vocabulary table of
 `Corrector.prepare_inference` is built from it there, and the gathered copy is freed: each rank keeps only the
@@ -83,24 +87,25 @@ class CorrectorOp(CustomOp):
         # where the corrector keeps only its vocabulary table (a table-only preparation)
         self.embed: torch.Tensor | None = None
 
-    def forward_native(self, hidden, cand_ids, cand_logits):
+    def forward_native(self, hidden, cand_ids, cand_logits, anchor_ids=None):
         with backend.use_backend("native"):
-            return self._tokens(hidden, cand_ids, cand_logits)
+            return self._tokens(hidden, cand_ids, cand_logits, anchor_ids)
 
-    def forward_cpu(self, hidden, cand_ids, cand_logits):
-        return self._tokens(hidden, cand_ids, cand_logits)
+    def forward_cpu(self, hidden, cand_ids, cand_logits, anchor_ids=None):
+        return self._tokens(hidden, cand_ids, cand_logits, anchor_ids)
 
-    def forward_cuda(self, hidden, cand_ids, cand_logits):
-        return self._tokens(hidden, cand_ids, cand_logits)
+    def forward_cuda(self, hidden, cand_ids, cand_logits, anchor_ids=None):
+        return self._tokens(hidden, cand_ids, cand_logits, anchor_ids)
 
-    def _tokens(self, hidden, cand_ids, cand_logits):
-        return hook.tokens(self._corrector[0], self.embed, self.selection, hidden, cand_ids, cand_logits)
+    def _tokens(self, hidden, cand_ids, cand_logits, anchor_ids):
+        return hook.tokens(self._corrector[0], self.embed, self.selection, hidden, cand_ids, cand_logits, anchor_ids)
 
-    def sampled(self, hidden, cand_ids, cand_logits, temperature):
+    def sampled(self, hidden, cand_ids, cand_logits, temperature, anchor_ids=None):
         """hook.sampled on the backend this op runs (forward_native: the native one)."""
         native = self._forward_method.__func__ is CorrectorOp.forward_native
         with backend.use_backend("native") if native else contextlib.nullcontext():
-            return hook.sampled(self._corrector[0], self.embed, hidden, cand_ids, cand_logits, temperature)
+            return hook.sampled(self._corrector[0], self.embed, hidden, cand_ids, cand_logits, temperature,
+                                anchor_ids)
 
 
 _LIVE: "weakref.WeakSet[DFlashDCOCOForCausalLM]" = weakref.WeakSet()  # this process's drafters
@@ -161,6 +166,8 @@ class DFlashDCOCOForCausalLM(DFlashQwen3ForCausalLM):
         # slots per step, which only the step's attention metadata tells the model (see _draft_block)
         self.dynamic = bool(spec.uses_dynamic_speculative_decoding())
         self._block: tuple[int, int] | None = None  # (requests, slots) of the running draft pass, when dynamic
+        # (hidden, input_ids) of the running draft pass, for an anchor-aware corrector (see forward)
+        self._anchors: tuple[torch.Tensor, torch.Tensor] | None = None
         dmc = self.draft_model_config
         dc = _dcoco_config(self.config, dmc.model, dmc.revision)
         self.corrector: Corrector | None = None
@@ -187,8 +194,8 @@ class DFlashDCOCOForCausalLM(DFlashQwen3ForCausalLM):
         # V1 under probabilistic drafts: the sampled walk and its proposal instead (sample_draft, _follow_sampling)
         self.walks = spec.draft_sample_method == "probabilistic" and dc["selection"] == "greedy"
         # float32 whatever vLLM's dtype: the op upcasts any weight dtype, and bf16 weights would cost accuracy
-        self.corrector = Corrector(self.config.hidden_size, dc["num_candidates"], dc["width"],
-                                   dc["mlp_hidden"]).float()
+        self.corrector = Corrector(self.config.hidden_size, dc["num_candidates"], dc["width"], dc["mlp_hidden"],
+                                   dc["anchor_transition"]).float()
         self.corrector.requires_grad_(False)
         self.corrector_op = CorrectorOp(self.corrector, dc["selection"])
         self._watch_embedding()
@@ -196,8 +203,9 @@ class DFlashDCOCOForCausalLM(DFlashQwen3ForCausalLM):
         _follow_reloads()
         if self.walks:
             _follow_sampling()
-        logger.info("dcoco: corrector on (K=%d, width=%d, mlp_hidden=%d, selection=%s), %d drafted slots, "
-                    "custom op %s runs %s", dc["num_candidates"], dc["width"], dc["mlp_hidden"], dc["selection"],
+        logger.info("dcoco: corrector on (K=%d, width=%d, mlp_hidden=%d, selection=%s, anchor_transition=%s), %d "
+                    "drafted slots, custom op %s runs %s", dc["num_candidates"], dc["width"], dc["mlp_hidden"],
+                    dc["selection"], dc["anchor_transition"],
                     self.num_slots, OP_NAME, self.corrector_op._forward_method.__name__)
 
     def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]):
@@ -289,11 +297,18 @@ class DFlashDCOCOForCausalLM(DFlashQwen3ForCausalLM):
             self._prepare_from(self.model.embed_tokens)
             logger.info("dcoco: the corrector's vocabulary table was rebuilt after a weight reload")
 
-    def forward(self, *args, **kwargs):
+    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, inputs_embeds: torch.Tensor | None = None):
         self.prepare()
         if self.dynamic:
             self._block = self._draft_block()
-        return super().forward(*args, **kwargs)
+        hidden = super().forward(input_ids, positions, inputs_embeds)
+        if self.corrector is not None and self.corrector.anchor_transition:
+            # Both runners query 1 + N rows per request, request-major, the anchor (the last verified token) first,
+            # and hand only the N drafted rows to the draft call that follows: keep the whole pass (references,
+            # no copy) so that call can take each block's first row (see _draft_inputs). Inside V2's captured
+            # graph these are the graph's own tensors, so replays pair them the same way.
+            self._anchors = (hidden, input_ids)
+        return hidden
 
     def _draft_block(self) -> tuple[int, int] | None:
         """(requests, slots) of this draft pass from its attention metadata: DFlash queries 1 + N tokens per request
@@ -332,20 +347,39 @@ class DFlashDCOCOForCausalLM(DFlashQwen3ForCausalLM):
         self.prepare()
         return N
 
-    def correct(self, hidden: torch.Tensor, cand_ids: torch.Tensor, cand_logits: torch.Tensor,
-                slots: int) -> torch.Tensor:
+    def _draft_inputs(self, rows: int) -> tuple[int, tuple] | None:
+        """(slots, anchor) for a draft call of `rows` rows, or None when the corrector does not apply (see _slots).
+        anchor: () for the paper's corrector; for an anchor-aware one, (anchor_hidden (R, d), anchor_ids (R,)): each
+        request's first query row of the pass forward kept, strided views (no copy, no host sync). Read once: a
+        later call without a forward (a probe, V1's breakable graph replay) finds none, and then serves plain
+        DFlash drafts rather than pair drafted rows with another pass's anchors."""
+        anchors, self._anchors = self._anchors, None
+        slots = self._slots(rows)
+        if slots is None or not self.corrector.anchor_transition:
+            return None if slots is None else (slots, ())
+        R, Q = rows // slots, slots + 1
+        if anchors is None or anchors[0].shape[0] < R * Q:
+            logger.warning_once("dcoco: a draft call of %d rows without the drafter pass that made them (its anchors "
+                                "are needed by the anchor-aware corrector); such calls draft as plain DFlash", rows)
+            return None
+        hidden, ids = anchors
+        return slots, (hidden[:R * Q:Q], ids[:R * Q:Q])
+
+    def correct(self, hidden: torch.Tensor, cand_ids: torch.Tensor, cand_logits: torch.Tensor, slots: int,
+                anchor: tuple = ()) -> torch.Tensor:
         """(R*N,) corrected tokens from the (R*N, d) hidden rows and their (R*N, K) top-K (rank 0 = argmax),
-        N = slots."""
+        N = slots; anchor: (), or (anchor_hidden (R, d), anchor_ids (R,)) for an anchor-aware corrector."""
         with torch.profiler.record_function(OP_NAME):  # the corrector's share of a draft step, in a profile
-            return hook.rows(self.corrector_op, slots)(hidden, cand_ids, cand_logits)
+            return hook.rows(self.corrector_op, slots)(hidden, cand_ids, cand_logits, *anchor)
 
     def compute_logits(self, hidden_states: torch.Tensor) -> torch.Tensor | None:
         logits = super().compute_logits(hidden_states)
-        slots = None if logits is None else self._slots(logits.shape[0])
-        if slots is None:
+        block = None if logits is None else self._draft_inputs(logits.shape[0])
+        if block is None:
             return logits
+        slots, anchor = block
         with torch.profiler.record_function(HOOK):
-            return hook.on_logits(lambda *a: self.correct(*a, slots), hidden_states, logits,
+            return hook.on_logits(lambda h, i, v: self.correct(h, i, v, slots, anchor), hidden_states, logits,
                                   self.corrector.num_candidates, self.point_mass)
 
     def sample_draft(self, hidden_states: torch.Tensor, temperature: torch.Tensor, plain):
@@ -354,26 +388,28 @@ class DFlashDCOCOForCausalLM(DFlashQwen3ForCausalLM):
         each slot's K candidates. plain(logits) -> (tokens, probs) is vLLM's own draw, used when the corrector does
         not apply to the call (dynamic speculation's odd calls, dummy shapes)."""
         logits = super().compute_logits(hidden_states)
-        slots = None if logits is None else self._slots(logits.shape[0])
-        if slots is None:
+        block = None if logits is None else self._draft_inputs(logits.shape[0])
+        if block is None:
             return plain(logits)
+        slots, anchor = block
+        anchor_hidden, anchor_ids = anchor or (None, None)
         with torch.profiler.record_function(HOOK):
             ids, values = hook.candidates(logits, self.corrector.num_candidates)
             R, K = ids.shape[0] // slots, ids.shape[1]
             t = torch.where(temperature < 1e-5, 0.0, temperature.float())
             with torch.profiler.record_function(OP_NAME):
-                tokens, q = self.corrector_op.sampled(hidden_states.view(R, slots, -1), ids.view(R, slots, K),
-                                                      values.view(R, slots, K), t)
-            return tokens.view(-1), hook.proposal(ids, q.view(-1, K), logits.shape[-1])
+                tokens, q = self.corrector_op.sampled(hook.blocks(hidden_states, slots, anchor_hidden),
+                                                      ids.view(R, slots, K), values.view(R, slots, K), t, anchor_ids)
+            return tokens.reshape(-1), hook.proposal(ids, q.reshape(-1, K), logits.shape[-1])
 
     def get_top_tokens(self, hidden_states: torch.Tensor) -> torch.Tensor:
-        slots = self._slots(hidden_states.shape[0])
-        if slots is None:
+        block = self._draft_inputs(hidden_states.shape[0])
+        if block is None:
             return super().get_top_tokens(hidden_states)
         with torch.profiler.record_function(HOOK):  # includes the LM head here: vLLM's reduction runs it
             ids, values = self._top_k(hidden_states, min(self.corrector.num_candidates,
                                                         self.model.embed_tokens.org_vocab_size))
-            return self.correct(hidden_states, ids, values, slots)
+            return self.correct(hidden_states, ids, values, *block)
 
     def _top_k(self, hidden: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
         """The (rows, k) global top-K ids and float32 logits, reduced across the LM head's vocab shards by vLLM's
