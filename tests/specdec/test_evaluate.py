@@ -35,9 +35,10 @@ def drafter():
     return DFlashDrafter(dflash_cfg(64)).eval()
 
 
-@pytest.mark.parametrize("with_corrector", [False, True])
-def test_core_results_and_plots(target, drafter, tmp_path, with_corrector):
-    corr = Corrector(64, num_candidates=8, width=16, mlp_hidden=32).eval() if with_corrector else None
+@pytest.mark.parametrize("with_corrector, anchor", [(False, False), (True, False), (True, True)])
+def test_core_results_and_plots(target, drafter, tmp_path, with_corrector, anchor):
+    corr = Corrector(64, num_candidates=8, width=16, mlp_hidden=32,
+                     anchor_transition=anchor).eval() if with_corrector else None
     eng = Engine(target, drafter, corr, num_candidates=8, eos_token_id=None)
     res = evaluate(target, eng, SUITES, max_new_tokens=12, progress=False)
     assert res["lossless"] is True and res["mismatches"] == []
@@ -131,10 +132,13 @@ def _tiny_target_dir(path, target) -> None:
     target.save_pretrained(path)
 
 
-def test_cli_end_to_end(target, drafter, tmp_path, capsys):
+@pytest.mark.parametrize("anchor", [False, True])
+def test_cli_end_to_end(target, drafter, tmp_path, capsys, anchor):
     _tiny_target_dir(tmp_path / "target", target)
     torch.manual_seed(1)
-    checkpoint.save(tmp_path / "dcoco", drafter, Corrector(64, num_candidates=8, width=16, mlp_hidden=32))
+    corrector = Corrector(64, num_candidates=8, width=16, mlp_hidden=32, anchor_transition=anchor)
+    torch.nn.init.normal_(corrector.mlp[2].weight, std=4.0)  # active: it re-picks candidates, slot 1 with the anchor
+    checkpoint.save(tmp_path / "dcoco", drafter, corrector)
     suites = tmp_path / "suites"
     suites.mkdir()
     (suites / "s.jsonl").write_text("\n".join(json.dumps({"turns": [f"w{i} w{i + 5} w9"]}) for i in range(4)))
@@ -144,6 +148,7 @@ def test_cli_end_to_end(target, drafter, tmp_path, capsys):
     assert rc == 0 and "overall" in capsys.readouterr().out
     res = json.loads((out / "results.json").read_text())
     assert res["config"]["corrector"] and res["config"]["num_candidates"] == 8 and res["lossless"]
+    assert res["config"]["anchor_transition"] is anchor
     assert res["suites"]["s"]["target_only"]["tokens"] <= 30 and (out / "tau.png").is_file()
     with pytest.raises(SystemExit, match="suites: .*does not exist"):
         main(["eval", "--drafter", str(tmp_path / "dcoco"), "--suites", str(tmp_path / "missing")])

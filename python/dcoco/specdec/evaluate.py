@@ -271,6 +271,7 @@ def run(cfg: EvalConfig, progress: bool = True) -> dict:
                          top_p=cfg.top_p, top_k=cfg.top_k, seed=cfg.seed, thinking=cfg.thinking, progress=progress)
     rows = cfg.rows
     res["config"] = {"drafter": str(cfg.drafter), "target": cfg.target, "corrector": engine.corrector is not None,
+                     "anchor_transition": bool(getattr(engine.corrector, "anchor_transition", False)),
                      "rule": engine.rule, "lam": cfg.lam, "num_candidates": engine.K,
                      "rows": "paper" if rows is None else "all" if rows < 1 else rows,
                      "conversations": {n: len(c) for n, c in chats.items()},
