@@ -14,6 +14,8 @@ blocks). The arms:
   warm-cg<w>-rho<r>  the same with L_corr's position decay rho = r (4: the paper's)
   warm-cg<w>-acc<n>  the same with n micro-batches per optimizer step and n times fewer steps: the same blocks and
                   CPU time, a less noisy gradient (suffixes combine: warm-cg1-rho1-acc4)
+  warm-...-anchor the warm arm from the anchor-aware corrector (below), trained with the anchor transition: the
+                  co-adapted anchor-aware DCOCO
   anchor          the demo's anchor-aware corrector (beyond the paper: it re-ranks slot 1 against the anchor),
                   trained like the frozen-drafter corrector on the same cached outputs
   dflash2         the demo's DFlash2 selector on the same frozen drafter; with it, every row also gets its ratio
@@ -62,16 +64,16 @@ def arm_settings(name: str, warm_steps: int, warm_lr: float, size: demo.Size) ->
     m = re.fullmatch(r"frozen-(\d+)k", name)
     if m:
         return {"kind": "frozen", "blocks": int(m[1]) * 1000}
-    m = re.fullmatch(r"(cold|warm)-cg([0-9.]+)(?:-rho([0-9.]+))?(?:-acc([0-9]+))?", name)
-    if not m:
+    m = re.fullmatch(r"(cold|warm)-cg([0-9.]+)(?:-rho([0-9.]+))?(?:-acc([0-9]+))?(-anchor)?", name)
+    if not m or (m[5] and m[1] == "cold"):
         raise ValueError(f"arm: {name!r} is none of {', '.join(BASE_ARMS)}, frozen-<n>k, cold-cg<w>, "
-                         "warm-cg<w>[-rho<r>][-acc<n>]")
+                         "warm-cg<w>[-rho<r>][-acc<n>][-anchor]")
     cold, accum = m[1] == "cold", int(m[4] or 1)
     steps = size.long_steps if cold else warm_steps
     if accum < 1 or steps % accum:
         raise ValueError(f"arm: {name!r}: acc{accum} must divide the arm's {steps} steps")
     return {"kind": m[1], "corr_grad": float(m[2]), "rho": float(m[3] or 4.0), "grad_accum": accum,
-            "steps": steps // accum, "lr": COLD_LR if cold else warm_lr}
+            "steps": steps // accum, "lr": COLD_LR if cold else warm_lr, "anchor": bool(m[5])}
 
 
 def demo_stage(name: str, st: dict, cfg: TrainConfig, size: demo.Size) -> str:
@@ -91,9 +93,10 @@ def train_arm(name: str, st: dict, base: dict, caches: dict, size: demo.Size, wo
         return demo.frozen_stage(work / "study" / name, lambda: Corrector(head.shape[1]),
                                  st["blocks"] // demo.FROZEN_BATCH, base["dflash-long"], data, embed, head, "cpu",
                                  caches, progress, drafts=work)
-    start, corr = (base["dflash"], None) if st["kind"] == "cold" else (base["dflash-long"], base["corrector"])
+    start, corr = (base["dflash"], None) if st["kind"] == "cold" else (
+        base["dflash-long"], base["anchor" if st["anchor"] else "corrector"])
     cfg = demo.stage_config("joint", st["steps"], "cpu", corr_grad=st["corr_grad"], rho=st["rho"], lr=st["lr"],
-                            grad_accum=st["grad_accum"])
+                            grad_accum=st["grad_accum"], anchor_transition=st["anchor"])
     return demo._stage(work / demo_stage(name, st, cfg, size), cfg, data, embed, head, copy.deepcopy(start[0]),
                        None if corr is None else copy.deepcopy(corr[1]), progress=progress,
                        upstream=start[2]["recipe"], corrector_from=None if corr is None else corr[2]["recipe"])

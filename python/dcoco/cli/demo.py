@@ -133,7 +133,8 @@ def recipe(cfg: TrainConfig, upstream: dict | None, corrector_from: dict | None 
     and, for a warm-started corrector, the recipe of the one it starts from."""
     return {"mode": cfg.mode, "steps": cfg.steps, "grad_accum": cfg.grad_accum, "loss_vocab": cfg.loss_vocab,
             "corr_grad": cfg.corr_grad, "lr": cfg.lr, "warmup": cfg.warmup, "rho": cfg.rho, "from": upstream,
-            "corrector_from": corrector_from}
+            "corrector_from": corrector_from,
+            **({"anchor_transition": True} if cfg.anchor_transition else {})}  # the paper's recipes keep their keys
 
 
 def _key(want: dict) -> str:

@@ -8,14 +8,18 @@ import torch
 import torch.nn.functional as F
 
 
+def _promoted(hidden, cand_logits, *weights):
+    """(dtype, hidden, logits, weights) in hidden's dtype promoted to at least float32."""
+    dt = torch.promote_types(hidden.dtype, torch.float32)
+    return dt, hidden.to(dt), cand_logits.to(dt), tuple(t.to(dt) for t in weights)
+
+
 def score(hidden, cand_ids, cand_logits, embed, cand_proj, ctx_proj, fuse_proj, fuse_norm_weight, fuse_norm_bias,
           pair_proj, mlp0_weight, mlp0_bias, mlp2_weight, mlp2_bias) -> torch.Tensor:
     """scores (R,B-1,K,K): scores[r,p,a,b] = l_{p+1}(b) + MLP([s_p ; z_pa ; z_{p+1,b} ; l_p(a) ; l_{p+1}(b)])."""
-    dt = torch.promote_types(hidden.dtype, torch.float32)
-    h, l = hidden.to(dt), cand_logits.to(dt)
-    Wc, Wx, Wf, gamma, beta, Wp, W1, b1, W2, b2 = (t.to(dt) for t in (
-        cand_proj, ctx_proj, fuse_proj, fuse_norm_weight, fuse_norm_bias, pair_proj, mlp0_weight, mlp0_bias,
-        mlp2_weight, mlp2_bias))
+    dt, h, l, (Wc, Wx, Wf, gamma, beta, Wp, W1, b1, W2, b2) = _promoted(
+        hidden, cand_logits, cand_proj, ctx_proj, fuse_proj, fuse_norm_weight, fuse_norm_bias, pair_proj, mlp0_weight,
+        mlp0_bias, mlp2_weight, mlp2_bias)
     R, B, K = cand_ids.shape
     r = Wc.shape[0]
     b = F.layer_norm(embed[cand_ids.long()].to(dt) @ Wc.T, (r,), eps=1e-5)      # (R,B,K,r)
@@ -59,11 +63,9 @@ def anchor_scores(hidden, cand_ids, cand_logits, anchor_ids, embed, cand_proj, c
     """The anchor transition, literally: S_0 (R,K) = l_1(b) + MLP([s_0 ; z_0 ; z_1b ; 0 ; l_1(b)]) with
     z_0 = LN_gb(W_fuse [LN(W_cand E[t_0]) ; LN(W_ctx h_0)]), s_0 = W_pair [h_0 ; h_1]; hidden (R,B+1,d), position 0
     the anchor's, cand_ids / cand_logits (R,B,K), anchor_ids (R,)."""
-    dt = torch.promote_types(hidden.dtype, torch.float32)
-    h, l = hidden.to(dt), cand_logits.to(dt)
-    Wc, Wx, Wf, gamma, beta, Wp, W1, b1, W2, b2 = (t.to(dt) for t in (
-        cand_proj, ctx_proj, fuse_proj, fuse_norm_weight, fuse_norm_bias, pair_proj, mlp0_weight, mlp0_bias,
-        mlp2_weight, mlp2_bias))
+    dt, h, l, (Wc, Wx, Wf, gamma, beta, Wp, W1, b1, W2, b2) = _promoted(
+        hidden, cand_logits, cand_proj, ctx_proj, fuse_proj, fuse_norm_weight, fuse_norm_bias, pair_proj, mlp0_weight,
+        mlp0_bias, mlp2_weight, mlp2_bias)
     R, _, K = cand_ids.shape
     r = Wc.shape[0]
 
