@@ -231,12 +231,12 @@ def main() -> None:
     res["seconds"] = time.monotonic() - t0
     print(f"{'method':<40}{'tau':>7}{'vs DFlash [95% CI]':>26}{'vs frozen [95% CI]':>26}{'top1 s1':>9}{'s2':>6}")
     for m, r in res["methods"].items():
-        ci = [f"{r[k]:.3f} [{r[k + '_ci'][0]:.3f}, {r[k + '_ci'][1]:.3f}]" if r[k + "_ci"] else f"{r[k]:.3f}"
-              for k in ("ratio", "ratio_over_frozen")]
+        def with_ci(k: str) -> str:
+            return f"{r[k]:.3f} [{r[k + '_ci'][0]:.3f}, {r[k + '_ci'][1]:.3f}]" if r[k + "_ci"] else f"{r[k]:.3f}"
+
+        ci = [with_ci(k) for k in ("ratio", "ratio_over_frozen")]
         t1 = r["top1_per_slot"] or [None, None]
-        sel = r.get("ratio_over_dflash2")
-        sel = "" if sel is None else f"  / dflash2 {sel:.3f} [{r['ratio_over_dflash2_ci'][0]:.3f}, " \
-                                     f"{r['ratio_over_dflash2_ci'][1]:.3f}]" if r["ratio_over_dflash2_ci"] else ""
+        sel = f"  / dflash2 {with_ci('ratio_over_dflash2')}" if r.get("ratio_over_dflash2_ci") else ""
         print(f"{m:<40}{r['tau']:>7.3f}{ci[0]:>26}{ci[1]:>26}{t1[0]:>9.3f}{t1[1]:>6.3f}{sel}")
     d = res["methods"]["DFlash"]
     print(f"oracles (DFlash rounds): prefix-first {d['tau_oracle_prefix_first']:.3f}, any candidate "

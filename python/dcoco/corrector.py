@@ -9,7 +9,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .ops import fused, backend, native
+from .ops import checks, fused, backend, native
 
 
 class Corrector(nn.Module):
@@ -147,8 +147,7 @@ class Corrector(nn.Module):
         if anchor_ids is None:
             raise ValueError("anchor_ids: the anchor transition is on: expected the (R,) anchor tokens, got None")
         fused.require_tensors(anchor_ids=anchor_ids)
-        if cand_ids.dim() != 3:
-            raise ValueError(f"cand_ids: expected 3 dimensions, got shape {tuple(cand_ids.shape)}")
+        checks.dims("cand_ids", cand_ids, 3)
         if hidden.dim() != 3 or hidden.shape[:2] != (cand_ids.shape[0], cand_ids.shape[1] + 1):
             raise ValueError(f"hidden: the anchor transition is on: expected (R,B+1,d), position 0 the anchor's, for "
                              f"cand_ids (R,B,K); got {tuple(hidden.shape)} and {tuple(cand_ids.shape)}")

@@ -37,7 +37,7 @@ from pathlib import Path
 
 import torch
 from safetensors import safe_open
-from safetensors.torch import load_file, save_file
+from safetensors.torch import save_file
 
 from ..modeling import checkpoint
 from ..target import corpus, smollm2
@@ -250,12 +250,12 @@ def frozen_stage(out: Path, make, steps: int, base: tuple, data: corpus.Corpus, 
 
 
 def _load_frozen(path: Path) -> Corrector | CandidateSelector:
-    sd = load_file(str(path / "model.safetensors"))
+    with safe_open(str(path / "model.safetensors"), "pt") as f:  # one read: the tensors and the stage's flag
+        sd = {k: f.get_tensor(k) for k in f.keys()}
+        anchor = (f.metadata() or {}).get("anchor_transition") == "true"
     if "pred.weight" in sd:
         m = CandidateSelector(sd["proj.weight"].shape[1], sd["pred.weight"].shape[0], sd["pred.weight"].shape[1])
     else:
-        with safe_open(str(path / "model.safetensors"), "pt") as f:
-            anchor = (f.metadata() or {}).get("anchor_transition") == "true"
         m = Corrector(sd["cand_proj.weight"].shape[1], width=sd["cand_proj.weight"].shape[0],
                       mlp_hidden=sd["mlp.0.weight"].shape[0], anchor_transition=anchor)
     m.load_state_dict(sd)

@@ -94,9 +94,9 @@ def rows(correct, slots: int):
             raise ValueError("anchor_hidden, anchor_ids: pass both (an anchor-aware corrector) or neither")
         R, K = hidden.shape[0] // slots, ids.shape[-1]
         h, ids, values = blocks(hidden, slots, anchor_hidden), ids.view(R, slots, K), values.view(R, slots, K)
-        if anchor_ids is None:
-            return correct(h, ids, values).view(-1)
-        return correct(h, ids, values, anchor_ids).reshape(-1)  # the anchor's column sliced off: not contiguous
+        anchor = () if anchor_ids is None else (anchor_ids,)
+        # reshape: a view of the paper's tokens; a copy of an anchor-aware corrector's (its anchor column sliced off)
+        return correct(h, ids, values, *anchor).reshape(-1)
     return by_rows
 
 

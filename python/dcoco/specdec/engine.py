@@ -217,21 +217,26 @@ class Engine:
         elif isinstance(c, CandidateSelector):
             drafted = c(hc[:, 1:], ids, vals, anchor_ids)[1]
         elif self.rule == "greedy":
-            drafted = (c(hc, ids, vals, self.embed, anchor_ids) if c.anchor_transition else
-                       c(hc[:, 1:], ids, vals, self.embed))[1]
+            h, kw = self._hidden(hc, ids.shape[1], anchor_ids)
+            drafted = c(h, ids, vals, self.embed, **kw)[1]
         else:
             first, grid = self._walk_inputs(hc, ids, vals, anchor_ids)
             drafted = ids.gather(2, select(grid, first, self.rule, self.lam)[..., None])[..., 0]
         return drafted, top[0], top[1], hc
 
+    def _hidden(self, hc: torch.Tensor, n: int, anchor_ids: torch.Tensor) -> tuple[torch.Tensor, dict]:
+        """What the corrector reads of the whole block hc (R,B+1,d) for its first n slots: (hidden, its keyword
+        arguments), the anchor's position and ids included when it is anchor-aware."""
+        if self.corrector.anchor_transition:
+            return hc[:, :n + 1], {"anchor_ids": anchor_ids}
+        return hc[:, 1:n + 1], {}
+
     def _walk_inputs(self, hc: torch.Tensor, ids: torch.Tensor, vals: torch.Tensor,
                      anchor_ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """The corrector's (first (R,K), grid (R,n-1,K,K)) over the first n = ids.shape[1] slots (Corrector.walk_inputs);
         hc (R,B+1,d): the whole block, the anchor's position first."""
-        c, n = self.corrector, ids.shape[1]
-        if c.anchor_transition:
-            return c.walk_inputs(c.score(hc[:, :n + 1], ids, vals, self.embed, anchor_ids), vals)
-        return c.walk_inputs(c.score(hc[:, 1:n + 1], ids, vals, self.embed), vals)
+        h, kw = self._hidden(hc, ids.shape[1], anchor_ids)
+        return self.corrector.walk_inputs(self.corrector.score(h, ids, vals, self.embed, **kw), vals)
 
     def sample_walk(self, ids: torch.Tensor, vals: torch.Tensor, hc: torch.Tensor, n: int, temperature: float,
                     generator: torch.Generator | None, anchor: int) -> tuple[list[int], torch.Tensor]:
