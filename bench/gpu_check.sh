@@ -4,7 +4,7 @@
 # own timeout, and each writes its result to $OUT when it ends, so a call cut off still returns what finished; the
 # report at the end summarises whatever exists. `bash bench/gpu_check.sh --plan` prints this plan as JSON, and the
 # CPU rehearsal fails when START + the steps' sum exceeds LIMIT.
-LIMIT=360 START=60
+LIMIT=365 START=60
 STEPS=(wheel build env tests hook sanitizer bench report)
 declare -A T=(
   [wheel]=5        # CUTLASS headers from the carried wheel
@@ -12,15 +12,16 @@ declare -A T=(
                    # on 2 busy cores, 105 s of it cuda/forward.cu alone, so nvcc --split-compile spreads that file
   [env]=10         # $OUT/env.json: the GPU, torch, dcoco.build_info(); the fused path must load
   [tests]=60       # tests/ops/test_cuda.py + test_select.py on CUDA, each test under both backends, vs the reference
-  [hook]=35        # bench/gpu_hook.py: the plugin's hook eager and replayed in a CUDA graph, both backends,
-                   # R 1/8/32, checked against the CPU core, timed against plain DFlash (argmax only)
+  [hook]=40        # bench/gpu_hook.py: the plugin's hook eager and replayed in a CUDA graph, both backends,
+                   # R 1/8/32, the paper's corrector and an anchor-aware one, checked against the CPU core,
+                   # timed against plain DFlash (argmax only)
   [sanitizer]=40   # bench/gpu_sanitize.py: memcheck, racecheck, synccheck at once, on dcoco's kernels only
   [bench]=15       # bench/gpu_bench.py --quick: kernel timings of both backends, R 1..256, and training
   [report]=5       # bench/gpu_report.py: $OUT/<gpu>-<date>.json; its "passed" may validate the arch
 )
 # From the session, where .whl/ holds nvidia_cutlass-4.2.0.0-py3-none-any.whl (pip download --no-deps
 # nvidia-cutlass==4.2.0.0 -d .whl), with timeout_s the steps' sum plus a little (a guard: each step ends itself):
-#   run(command="bash bench/gpu_check.sh", carry=[".whl"], timeout_s=310), then give_back at once (idle time counts)
+#   run(command="bash bench/gpu_check.sh", carry=[".whl"], timeout_s=315), then give_back at once (idle time counts)
 # $OUT gets 8 files (the most that come back): summary.txt, build.log, env.json, junit.xml, hook.json,
 # sanitizer.json, gpu_bench.json and the report. Commit the report as bench/results/gpu/<gpu>-<date>.json: its
 # "passed" (fused tests, the hook on the fused backend, and all three sanitizers clean on dcoco's kernels) is what
