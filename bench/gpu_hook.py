@@ -10,9 +10,10 @@ no corrector). Writes --out after every case, so a run cut off keeps what finish
 
 Each case ("anchor": the anchor-aware corrector, point_mass False only): "topk_equal" (GPU and CPU top-K ids),
 "hand_back_ok" (+inf at the chosen token and nothing else changed, or the point mass), "graph_equal" (replay ==
-eager), "agree_slots" / "agree_requests" (exact agreement with the CPU core), and for each disagreeing request
-whether the GPU's walk is still a greedy walk of the float64 reference scores (from the anchor transition's S_0 in
-an anchor case) within the tolerance tests/ops/test_cuda.py uses ("invalid_walks" counts those that are not).
+eager), "corrector_equal" (the corrector alone, as the plugin calls it, drafts the hook's tokens), "agree_slots" /
+"agree_requests" (exact agreement with the CPU core), and for each disagreeing request whether the GPU's walk is
+still a greedy walk of the float64 reference scores (from the anchor transition's S_0 in an anchor case) within
+the tolerance tests/ops/test_cuda.py uses ("invalid_walks" counts those that are not).
 Times are medians in us: "eager_us" (CUDA events around the eager call), "graph_us" (around a replay),
 "corrector_us" (the corrector alone, replayed), "baseline_us" (plain DFlash: argmax of the same logits, replayed),
 "ratio" = graph_us / baseline_us. The logits are restored before each call, outside the timed span: the hook
@@ -254,6 +255,8 @@ def main() -> None:
                         case["topk_equal"] = torch.equal(ids.view(R, N, K).cpu(), cpu["ids"])
                         case.update(walk_check(m_cpu[a], cpu, ids.view(R, N, K).cpu(), tokens.view(R, N).cpu()))
                         case["eager_us"] = timer(step, restore, max(3, args.reps // 5))
+                        alone = lambda: correct(hidden, ids, values, *anchor)  # noqa: E731  no top-K, no hand-back
+                        case["corrector_equal"] = torch.equal(alone(), tokens)
                         if cuda:
                             restore()
                             graph, replayed = capture(step)
@@ -261,12 +264,12 @@ def main() -> None:
                             graph.replay()
                             case["graph_equal"] = torch.equal(replayed, tokens)
                             case["graph_us"] = timer(graph.replay, restore, args.reps)
-                            alone, _ = capture(lambda: correct(hidden, ids, values, *anchor))
-                            case["corrector_us"] = timer(alone.replay, lambda: None, args.reps)
+                            alone_graph, _ = capture(alone)
+                            case["corrector_us"] = timer(alone_graph.replay, lambda: None, args.reps)
                             case["ratio"] = case["graph_us"] / info["baseline"][str(R)]["graph_us"]
-                            del graph, alone
+                            del graph, alone_graph
                         case["ok"] = bool(case["hand_back_ok"] and case["topk_equal"] and case["invalid_walks"] == 0
-                                          and case.get("graph_equal", True))
+                                          and case["corrector_equal"] and case.get("graph_equal", True))
                     except Exception as e:  # noqa: BLE001  recorded: the other cases still run
                         case.update(ok=False, error=f"{type(e).__name__}: {e}"[:500])
                     print(json.dumps(case), flush=True)
