@@ -29,10 +29,10 @@ declare -A T=(
 #
 # Rehearsal on a CPU machine, so that a typo cannot waste a lent device: `bash bench/gpu_check.sh --rehearse` runs
 # every step with .venv's python, a CPU-only build, the device "cpu" (the hook at small sizes, its CUDA-graph parts
-# skipped), compute-sanitizer replaced by a shim that runs the command bare, and gpu_bench.py only imported, each
-# under the rehearsal's own timeouts (RT: 2 cores); it ends with the report, whose "passed" is false (no GPU ran).
+# skipped), compute-sanitizer replaced by a shim that runs the command bare, and gpu_bench.py --rehearse (every
+# call at small sizes, timed eagerly), each under the rehearsal's own timeouts (RT: 2 cores); it ends with the report, whose "passed" is false (no GPU ran).
 # CI runs it (scripts/rehearse_gpu_check.sh).
-declare -A RT=([wheel]=60 [build]=900 [env]=60 [tests]=300 [hook]=300 [sanitizer]=300 [bench]=60 [report]=60)
+declare -A RT=([wheel]=60 [build]=900 [env]=60 [tests]=300 [hook]=300 [sanitizer]=300 [bench]=120 [report]=60)
 set -uo pipefail
 
 if [ "${1:-}" = "--plan" ]; then
@@ -58,9 +58,10 @@ report() {
 }
 log "plan: $(bash "$0" --plan)"
 
-cuda=ON hook_args=() san_args=()
+cuda=ON hook_args=() san_args=() bench_args=()
 if [ $rehearse = 1 ]; then  # a 2-core CPU machine: CPU-only build, small hook sizes
   cuda=OFF hook_args=(--device cpu --R 1 2 --V 1000 --d 64 --reps 5 --self-check) san_args=(--device cpu)
+  bench_args=(--rehearse)
   mkdir -p "$W/bin"
   printf '#!/usr/bin/env bash\nexec "%s/.venv/bin/python3" "$@"\n' "$PWD" >"$W/bin/python3"  # a link would lose the venv
   printf '#!/usr/bin/env bash\n# compute-sanitizer --opt value ... cmd...: the rehearsal runs cmd bare (every option takes a value)\nwhile [ "${1#--}" != "$1" ]; do shift 2; done; exec "$@"\n' \
@@ -128,14 +129,8 @@ rc=${PIPESTATUS[0]}; ended sanitizer $rc $s
 
 # bench
 s=$SECONDS
-if [ $rehearse = 1 ]; then
-  timeout "$(tmo bench)" python3 -c "import runpy, sys; sys.argv = ['gpu_bench.py', '--help']; runpy.run_path('bench/gpu_bench.py', run_name='__main__')" \
-    >"$W/bench.log" 2>&1
-  rc=$?; log "timings: rehearsal, bench/gpu_bench.py imported only"
-else
-  timeout "$(tmo bench)" python3 bench/gpu_bench.py --quick --out "$OUT" >"$W/bench.log" 2>&1
-  rc=$?; tail -16 "$W/bench.log"
-fi
+timeout "$(tmo bench)" python3 bench/gpu_bench.py --quick --out "$OUT" "${bench_args[@]}" >"$W/bench.log" 2>&1
+rc=$?; tail -16 "$W/bench.log"
 ended bench $rc $s
 
 report
