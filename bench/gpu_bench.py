@@ -5,7 +5,11 @@ kernel (after prepare_inference, run whether or not its arch is validated), the 
 table; eager ops replayed as a graph, and torch.compile of it unless --quick), and the eager literal reference.
 The floor comes from the copy bandwidth and the bf16 matrix rate measured in the same run. Then training, R in 1, 8,
 32, 512: the fused score and its compiled backward against the native score + backward (autograd, chunks
-recomputed), with the native path's extra peak memory. Prints tables last and writes gpu_bench.json to --out."""
+recomputed), with the native path's extra peak memory. Prints tables last and writes gpu_bench.json to --out.
+
+--rehearse runs every call on the CPU at small sizes (d=64, V=1000, R 1 and 4, training R 1 and 8), timed eagerly
+with perf_counter, without graphs, ceilings or memory counters: bench/gpu_check.sh's CPU rehearsal, so that a
+lent device never meets a call that cannot run."""
 
 import argparse
 import json
@@ -21,10 +25,15 @@ from dcoco.ops import native
 from dcoco.testing import reference as ref
 
 
-D, V, B, K, r, H = 4096, 151936, 15, 16, 128, 256
+B, K, r, H = 15, 16, 128, 256
+SIZES = {"device": (4096, 151936, (1, 4, 8, 16, 32, 64, 128, 256), (1, 8, 32, 512)),  # d, V, R, training R
+         "rehearsal": (64, 1000, (1, 4), (1, 8))}
+REHEARSAL = False  # set by --rehearse: every timer is eager perf_counter on the CPU
 
 
 def graph_time_us(fn, reps=200) -> float:
+    if REHEARSAL:
+        return eager_time_us(fn, min(reps, 3))
     s = torch.cuda.Stream()
     with torch.cuda.stream(s):
         for _ in range(3):
@@ -45,13 +54,14 @@ def graph_time_us(fn, reps=200) -> float:
 
 
 def eager_time_us(fn, reps=5) -> float:
+    sync = (lambda: None) if REHEARSAL else torch.cuda.synchronize
     fn()
-    torch.cuda.synchronize()
+    sync()
     times = []
     for _ in range(reps):
         t = time.perf_counter()
         fn()
-        torch.cuda.synchronize()
+        sync()
         times.append((time.perf_counter() - t) * 1e6)
     return statistics.median(times)
 
@@ -65,7 +75,9 @@ def ceilings() -> dict:
     return {"copy_bytes_per_s": 2 * x.numel() / (us * 1e-6), "bf16_flop_per_s": 2 * 8192**3 / (mm * 1e-6)}
 
 
-def floor_us(R: int, ceil: dict) -> float:
+def floor_us(R: int, ceil: dict, D: int) -> float | None:
+    if not ceil:
+        return None
     nbytes = 3 * r * D * 4 + H * (3 * r + 2) * 4 + R * B * D * 2 + R * B * K * (r * 4 + 8 + 2)  # weights, hidden, table rows, ids, logits
     flops = 2 * R * (B * 3 * r * D + B * K * r * (r + 2 * H) + (B - 1) * r * H + (B - 1) * K * H * 2)
     return max(nbytes / ceil["copy_bytes_per_s"], flops / ceil["bf16_flop_per_s"]) * 1e6
@@ -75,41 +87,46 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", default=os.environ.get("OUT", "."))
     ap.add_argument("--quick", action="store_true", help="no torch.compile column (its compile takes the longest)")
+    ap.add_argument("--rehearse", action="store_true", help="on the CPU at small sizes (see above)")
     args = ap.parse_args()
+    global REHEARSAL
+    REHEARSAL = args.rehearse
+    dev = "cpu" if REHEARSAL else "cuda"
+    D, V, R_rows, R_train = SIZES["rehearsal" if REHEARSAL else "device"]
     dcoco.set_backend("fused")  # the Corrector calls below time the kernel; native.* is called directly
     torch.manual_seed(0)
-    m = dcoco.Corrector(D).cuda()
+    m = dcoco.Corrector(D).to(dev)
     with torch.no_grad():
         for p in m.parameters():
             p.normal_(0, 0.02)
-    embed = torch.randn(V, D, device="cuda", dtype=torch.bfloat16)
+    embed = torch.randn(V, D, device=dev, dtype=torch.bfloat16)
     table = m.prepare_inference(embed)
     w = tuple(t.detach() for t in m.weights())
     compiled = None if args.quick else torch.compile(lambda h, i, l: native.correct(h, i, l, embed, w, table))
-    ceil = ceilings()
+    ceil = {} if REHEARSAL else ceilings()
     rows, train = [], []
-    info = {"gpu": torch.cuda.get_device_name(), "date": time.strftime("%Y-%m-%d"), "torch": torch.__version__,
+    info = {"gpu": "cpu (rehearsal)" if REHEARSAL else torch.cuda.get_device_name(), "date": time.strftime("%Y-%m-%d"), "torch": torch.__version__,
             "dcoco": dcoco.build_info(), "ceilings": ceil, "rows": rows, "train": train}
     # written after every R, so a timeout keeps what ran
     save = lambda: Path(args.out, "gpu_bench.json").write_text(json.dumps(info, indent=2))  # noqa: E731
-    for R in (1, 4, 8, 16, 32, 64, 128, 256):
-        h = torch.randn(R, B, D, device="cuda", dtype=torch.bfloat16)
-        ids = torch.randint(0, V, (R, B, K), device="cuda")
-        lg = torch.randn(R, B, K, device="cuda").sort(-1, descending=True).values.bfloat16()
+    for R in R_rows:
+        h = torch.randn(R, B, D, device=dev, dtype=torch.bfloat16)
+        ids = torch.randint(0, V, (R, B, K), device=dev)
+        lg = torch.randn(R, B, K, device=dev).sort(-1, descending=True).values.bfloat16()
         with torch.no_grad():
             fused = graph_time_us(lambda: m(h, ids, lg, embed))
             nat = graph_time_us(lambda: native.correct(h, ids, lg, embed, w, table))
             comp = graph_time_us(lambda: compiled(h, ids, lg)) if compiled else None
             eager = eager_time_us(lambda: ref.forward(h, ids, lg, embed, *w)) if R <= 64 else None
         rows.append({"R": R, "fused_us": fused, "native_us": nat, "native_compile_us": comp, "eager_ref_us": eager,
-                     "floor_us": floor_us(R, ceil)})
+                     "floor_us": floor_us(R, ceil, D)})
         print(rows[-1], flush=True)
         save()
-    for R in (1, 8, 32, 512):
-        h = torch.randn(R, B, D, device="cuda", dtype=torch.bfloat16)
-        ids = torch.randint(0, V, (R, B, K), device="cuda")
-        lg = torch.randn(R, B, K, device="cuda")
-        G = torch.randn(R, B - 1, K, K, device="cuda")
+    for R in R_train:
+        h = torch.randn(R, B, D, device=dev, dtype=torch.bfloat16)
+        ids = torch.randint(0, V, (R, B, K), device=dev)
+        lg = torch.randn(R, B, K, device=dev)
+        G = torch.randn(R, B - 1, K, K, device=dev)
         hg, lgg, wg = h.float().requires_grad_(), lg.clone().requires_grad_(), [t.clone().requires_grad_() for t in w]
         reps, eager_reps = (20, 5) if R <= 32 else (3, 1)  # R=512: the training batch, timed once
         fwd = graph_time_us(lambda: torch.ops.dcoco.score(h, ids, lg, embed, *w), reps=reps)
@@ -120,29 +137,34 @@ def main() -> None:
         fused_score = lambda h, i, l, e, ws: torch.ops.dcoco.score(h, i, l, e, *ws)  # noqa: E731  native.score's call
         fused_fb = eager_time_us(lambda: grad(fused_score), eager_reps)
         native_fb = eager_time_us(lambda: grad(native.score), eager_reps)
-        torch.cuda.synchronize()
-        base = torch.cuda.memory_allocated()
-        torch.cuda.reset_peak_memory_stats()
-        grad(native.score)
-        torch.cuda.synchronize()
+        peak = None
+        if not REHEARSAL:
+            torch.cuda.synchronize()
+            base = torch.cuda.memory_allocated()
+            torch.cuda.reset_peak_memory_stats()
+            grad(native.score)
+            torch.cuda.synchronize()
+            peak = torch.cuda.max_memory_allocated() - base
         train.append({"R": R, "score_us": fwd, "backward_us": bwd, "fused_fwd_bwd_us": fused_fb,
-                      "native_fwd_bwd_us": native_fb,
-                      "native_extra_peak_bytes": torch.cuda.max_memory_allocated() - base})
+                      "native_fwd_bwd_us": native_fb, "native_extra_peak_bytes": peak})
         print(train[-1], flush=True)
         save()
-    print(f"\n{info['gpu']}, {info['date']}: median us per call (CUDA-graph replay)")
+    print(f"\n{info['gpu']}, {info['date']}: median us per call ({'eager' if REHEARSAL else 'CUDA-graph replay'})")
     print("| R | fused | native | native compiled | eager reference | floor | native/fused | fused/floor |")
     print("|---|---|---|---|---|---|---|---|")
     for x in rows:
         e = f"{x['eager_ref_us']:.0f}" if x["eager_ref_us"] else "-"
         c = f"{x['native_compile_us']:.1f}" if x["native_compile_us"] else "-"
-        print(f"| {x['R']} | {x['fused_us']:.1f} | {x['native_us']:.1f} | {c} | {e} | "
-              f"{x['floor_us']:.1f} | {x['native_us'] / x['fused_us']:.1f}x | {x['fused_us'] / x['floor_us']:.1f}x |")
+        fl, ff = ("-", "-") if x["floor_us"] is None else (f"{x['floor_us']:.1f}",
+                                                           f"{x['fused_us'] / x['floor_us']:.1f}x")
+        print(f"| {x['R']} | {x['fused_us']:.1f} | {x['native_us']:.1f} | {c} | {e} | {fl} | "
+              f"{x['native_us'] / x['fused_us']:.1f}x | {ff} |")
     print("\n| R | fused score | fused backward | fused fwd+bwd | native fwd+bwd | native extra peak |")
     print("|---|---|---|---|---|---|")
     for x in train:
+        peak = "-" if x["native_extra_peak_bytes"] is None else f"{x['native_extra_peak_bytes'] / 2**30:.2f} GiB"
         print(f"| {x['R']} | {x['score_us']:.1f} | {x['backward_us']:.1f} | {x['fused_fwd_bwd_us']:.0f} | "
-              f"{x['native_fwd_bwd_us']:.0f} | {x['native_extra_peak_bytes'] / 2**30:.2f} GiB |")
+              f"{x['native_fwd_bwd_us']:.0f} | {peak} |")
 
 
 if __name__ == "__main__":

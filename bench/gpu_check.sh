@@ -4,7 +4,7 @@
 # own timeout, and each writes its result to $OUT when it ends, so a call cut off still returns what finished; the
 # report at the end summarises whatever exists. `bash bench/gpu_check.sh --plan` prints this plan as JSON, and the
 # CPU rehearsal fails when START + the steps' sum exceeds LIMIT.
-LIMIT=360 START=60
+LIMIT=365 START=60
 STEPS=(wheel build env tests hook sanitizer bench report)
 declare -A T=(
   [wheel]=5        # CUTLASS headers from the carried wheel
@@ -12,15 +12,16 @@ declare -A T=(
                    # on 2 busy cores, 105 s of it cuda/forward.cu alone, so nvcc --split-compile spreads that file
   [env]=10         # $OUT/env.json: the GPU, torch, dcoco.build_info(); the fused path must load
   [tests]=60       # tests/ops/test_cuda.py + test_select.py on CUDA, each test under both backends, vs the reference
-  [hook]=35        # bench/gpu_hook.py: the plugin's hook eager and replayed in a CUDA graph, both backends,
-                   # R 1/8/32, checked against the CPU core, timed against plain DFlash (argmax only)
+  [hook]=40        # bench/gpu_hook.py: the plugin's hook eager and replayed in a CUDA graph, both backends,
+                   # R 1/8/32, the paper's corrector and an anchor-aware one, checked against the CPU core,
+                   # timed against plain DFlash (argmax only)
   [sanitizer]=40   # bench/gpu_sanitize.py: memcheck, racecheck, synccheck at once, on dcoco's kernels only
   [bench]=15       # bench/gpu_bench.py --quick: kernel timings of both backends, R 1..256, and training
   [report]=5       # bench/gpu_report.py: $OUT/<gpu>-<date>.json; its "passed" may validate the arch
 )
 # From the session, where .whl/ holds nvidia_cutlass-4.2.0.0-py3-none-any.whl (pip download --no-deps
 # nvidia-cutlass==4.2.0.0 -d .whl), with timeout_s the steps' sum plus a little (a guard: each step ends itself):
-#   run(command="bash bench/gpu_check.sh", carry=[".whl"], timeout_s=310), then give_back at once (idle time counts)
+#   run(command="bash bench/gpu_check.sh", carry=[".whl"], timeout_s=315), then give_back at once (idle time counts)
 # $OUT gets 8 files (the most that come back): summary.txt, build.log, env.json, junit.xml, hook.json,
 # sanitizer.json, gpu_bench.json and the report. Commit the report as bench/results/gpu/<gpu>-<date>.json: its
 # "passed" (fused tests, the hook on the fused backend, and all three sanitizers clean on dcoco's kernels) is what
@@ -28,10 +29,10 @@ declare -A T=(
 #
 # Rehearsal on a CPU machine, so that a typo cannot waste a lent device: `bash bench/gpu_check.sh --rehearse` runs
 # every step with .venv's python, a CPU-only build, the device "cpu" (the hook at small sizes, its CUDA-graph parts
-# skipped), compute-sanitizer replaced by a shim that runs the command bare, and gpu_bench.py only imported, each
-# under the rehearsal's own timeouts (RT: 2 cores); it ends with the report, whose "passed" is false (no GPU ran).
+# skipped), compute-sanitizer replaced by a shim that runs the command bare, and gpu_bench.py --rehearse (every
+# call at small sizes, timed eagerly), each under the rehearsal's own timeouts (RT: 2 cores); it ends with the report, whose "passed" is false (no GPU ran).
 # CI runs it (scripts/rehearse_gpu_check.sh).
-declare -A RT=([wheel]=60 [build]=900 [env]=60 [tests]=300 [hook]=300 [sanitizer]=300 [bench]=60 [report]=60)
+declare -A RT=([wheel]=60 [build]=900 [env]=60 [tests]=300 [hook]=300 [sanitizer]=300 [bench]=120 [report]=60)
 set -uo pipefail
 
 if [ "${1:-}" = "--plan" ]; then
@@ -57,9 +58,10 @@ report() {
 }
 log "plan: $(bash "$0" --plan)"
 
-cuda=ON hook_args=() san_args=()
+cuda=ON hook_args=() san_args=() bench_args=()
 if [ $rehearse = 1 ]; then  # a 2-core CPU machine: CPU-only build, small hook sizes
   cuda=OFF hook_args=(--device cpu --R 1 2 --V 1000 --d 64 --reps 5 --self-check) san_args=(--device cpu)
+  bench_args=(--rehearse)
   mkdir -p "$W/bin"
   printf '#!/usr/bin/env bash\nexec "%s/.venv/bin/python3" "$@"\n' "$PWD" >"$W/bin/python3"  # a link would lose the venv
   printf '#!/usr/bin/env bash\n# compute-sanitizer --opt value ... cmd...: the rehearsal runs cmd bare (every option takes a value)\nwhile [ "${1#--}" != "$1" ]; do shift 2; done; exec "$@"\n' \
@@ -127,14 +129,8 @@ rc=${PIPESTATUS[0]}; ended sanitizer $rc $s
 
 # bench
 s=$SECONDS
-if [ $rehearse = 1 ]; then
-  timeout "$(tmo bench)" python3 -c "import runpy, sys; sys.argv = ['gpu_bench.py', '--help']; runpy.run_path('bench/gpu_bench.py', run_name='__main__')" \
-    >"$W/bench.log" 2>&1
-  rc=$?; log "timings: rehearsal, bench/gpu_bench.py imported only"
-else
-  timeout "$(tmo bench)" python3 bench/gpu_bench.py --quick --out "$OUT" >"$W/bench.log" 2>&1
-  rc=$?; tail -16 "$W/bench.log"
-fi
+timeout "$(tmo bench)" python3 bench/gpu_bench.py --quick --out "$OUT" "${bench_args[@]}" >"$W/bench.log" 2>&1
+rc=$?; tail -16 "$W/bench.log"
 ended bench $rc $s
 
 report

@@ -1,19 +1,23 @@
 """The plugin's whole draft-logits hook without vLLM (bench/gpu_check.sh): dcoco.serve.hook.on_logits as the plugin runs
 it (top-K of bf16 logits, the greedy corrector over the prepared table, the hand-back), point_mass False and True,
-on both backends, eager and replayed from a CUDA graph; its drafts checked against the CPU core on the same inputs,
-and timed against plain DFlash's hand-back (argmax only, no corrector). Writes --out after every case, so a run cut
-off keeps what finished.
+and an anchor-aware corrector (docs/spec.md, "Anchor transition") fed as the plugin feeds it (each request's anchor
+row and token strided views of the drafter pass's), on both backends, eager and replayed from a CUDA graph; its
+drafts checked against the CPU core on the same inputs, and timed against plain DFlash's hand-back (argmax only,
+no corrector). Writes --out after every case, so a run cut off keeps what finished.
 
   python bench/gpu_hook.py --out OUT/hook.json                       # the device: R 1,8,32, V=151936, d=4096
   python bench/gpu_hook.py --device cpu --R 1 2 --V 1000 --d 64 ...  # the rehearsal: no graphs, no CUDA timers
 
-Each case: "topk_equal" (GPU and CPU top-K ids), "hand_back_ok" (+inf at the chosen token and nothing else changed,
-or the point mass), "graph_equal" (replay == eager), "agree_slots" / "agree_requests" (exact agreement with the
-CPU core), and for each disagreeing request whether the GPU's walk is still a greedy walk of the float64 reference
-scores within the tolerance tests/ops/test_cuda.py uses ("invalid_walks" counts those that are not). Times are
-medians in us: "eager_us" (CUDA events around the eager call), "graph_us" (around a replay), "corrector_us" (the
-corrector alone, replayed), "baseline_us" (plain DFlash: argmax of the same logits, replayed), "ratio" =
-graph_us / baseline_us. The logits are restored before each call, outside the timed span: the hook rewrites them.
+Each case ("anchor": the anchor-aware corrector, point_mass False only): "topk_equal" (GPU and CPU top-K ids),
+"hand_back_ok" (+inf at the chosen token and nothing else changed, or the point mass), "graph_equal" (replay ==
+eager), "corrector_equal" (the corrector alone, as the plugin calls it, drafts the hook's tokens), "agree_slots" /
+"agree_requests" (exact agreement with the CPU core), and for each disagreeing request whether the GPU's walk is
+still a greedy walk of the float64 reference scores (from the anchor transition's S_0 in an anchor case) within
+the tolerance tests/ops/test_cuda.py uses ("invalid_walks" counts those that are not).
+Times are medians in us: "eager_us" (CUDA events around the eager call), "graph_us" (around a replay),
+"corrector_us" (the corrector alone, replayed), "baseline_us" (plain DFlash: argmax of the same logits, replayed),
+"ratio" = graph_us / baseline_us. The logits are restored before each call, outside the timed span: the hook
+rewrites them.
 """
 
 from __future__ import annotations
@@ -34,10 +38,10 @@ N, K = 15, 16
 TOL = 1e-4  # bf16 inputs on the tensor-core paths (tests/ops/test_cuda.py's tolerance)
 
 
-def random_corrector(d: int, seed: int) -> dcoco.Corrector:
+def random_corrector(d: int, seed: int, anchor: bool = False) -> dcoco.Corrector:
     """float32 like the plugin's, with the output layer active (zero at init), scaled as tests/conftest.py does."""
     g = torch.Generator().manual_seed(seed)
-    m = dcoco.Corrector(d, num_candidates=K)
+    m = dcoco.Corrector(d, num_candidates=K, anchor_transition=anchor)
     with torch.no_grad():
         for name, p in m.named_parameters():
             fan_in = p.shape[-1] if p.dim() == 2 else 1
@@ -95,24 +99,29 @@ def capture(fn):
     return g, out
 
 
-def cpu_reference(m_cpu: dcoco.Corrector, embed, hidden, logits, R: int) -> dict:
-    """The whole hook on the CPU (fused CPU core, prepared table) on the same inputs. The table and the
-    reference scores use only the candidates' embedding rows (ids remapped): the same rows, a fraction of V."""
+def cpu_reference(m_cpu: dcoco.Corrector, embed, hidden, logits, R: int, anchor: tuple = ()) -> dict:
+    """The whole hook on the CPU (fused CPU core, prepared table) on the same inputs; anchor: () or (anchor_hidden
+    (R, d), anchor_ids (R,)) for an anchor-aware m_cpu. The table and the reference scores use only the
+    candidates' and anchors' embedding rows (ids remapped): the same rows, a fraction of V."""
     h, lg = hidden.cpu(), logits.cpu()
     ids, values = hook.candidates(lg, K)
-    uniq, inv = ids.unique(return_inverse=True)
+    a_h, a_ids = (t.cpu() for t in anchor) if anchor else (None, ids[:0, 0])
+    uniq, inv = torch.cat([ids.flatten(), a_ids]).unique(return_inverse=True)
+    inv, a_inv = inv[:ids.numel()].view(ids.shape), inv[ids.numel():]
     e = embed[uniq.to(embed.device)].cpu()
     with dcoco.use_backend("fused"):
         m_cpu.prepare_inference(e)
-        out = hook.on_logits(hook.rows(lambda hh, ii, vv: uniq[m_cpu(hh, inv.view(ii.shape), vv, e)[1]], N), h,
-                             lg.clone(), K, False)
+        correct = hook.rows(lambda hh, ii, vv, *a: uniq[m_cpu(hh, inv.view(ii.shape), vv, e, *a)[1]], N)
+        out = hook.on_logits(correct, h, lg.clone(), K, False, *((a_h, a_inv) if anchor else ()))
     return {"tokens": out.argmax(-1).view(R, N), "ids": ids.view(R, N, K), "values": values.view(R, N, K),
-            "inv": inv.view(R, N, K), "embed": e, "hidden": h.view(R, N, -1)}
+            "inv": inv.view(R, N, K), "embed": e, "hidden": hook.blocks(h, N, a_h),
+            "anchor_inv": a_inv if anchor else None}
 
 
 def walk_check(m_cpu, cpu: dict, ids_gpu: torch.Tensor, tokens_gpu: torch.Tensor) -> dict:
     """Exact agreement with the CPU core; each disagreeing request's GPU walk checked as a greedy walk of the
-    float64 reference scores (slot 1 the argmax, every later step within atol of its row's maximum)."""
+    float64 reference scores (slot 1 the argmax, or within atol of S_0's maximum in an anchor case, every later
+    step within atol of its row's maximum)."""
     tokens_cpu = cpu["tokens"]
     same = tokens_gpu == tokens_cpu
     bad = (~same.all(-1)).nonzero().flatten().tolist()
@@ -122,11 +131,15 @@ def walk_check(m_cpu, cpu: dict, ids_gpu: torch.Tensor, tokens_gpu: torch.Tensor
         return res
     ranks = (ids_gpu[bad] == tokens_gpu[bad][..., None]).int().argmax(-1)  # ids unique per slot
     in_ids = (ids_gpu[bad] == tokens_gpu[bad][..., None]).any(-1).all(-1)
-    s64 = ref.score(cpu["hidden"][bad].double(), cpu["inv"][bad], cpu["values"][bad].double(), cpu["embed"].double(),
-                    *(w.double() for w in m_cpu.weights()))
+    s64, first = reference_scores(m_cpu, cpu, bad)
     atol = 10 * TOL * (s64.abs().max().item() + 1.0)
     for j in range(len(bad)):
-        ok = bool(in_ids[j]) and int(ranks[j, 0]) == int(cpu["values"][bad[j], 0].argmax())
+        if first is None:
+            ok = bool(in_ids[j]) and int(ranks[j, 0]) == int(cpu["values"][bad[j], 0].argmax())
+        else:
+            short = (first[j].max() - first[j, ranks[j, 0]]).item()
+            res["max_shortfall"] = max(res["max_shortfall"], short)
+            ok = bool(in_ids[j]) and short <= atol
         for p in range(N - 1):
             row = s64[j, p, ranks[j, p]]
             short = (row.max() - row[ranks[j, p + 1]]).item()
@@ -137,17 +150,31 @@ def walk_check(m_cpu, cpu: dict, ids_gpu: torch.Tensor, tokens_gpu: torch.Tensor
     return res
 
 
+def reference_scores(m_cpu, cpu: dict, rows: list) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """The float64 reference scores of the requests `rows` over the remapped embedding rows: the grid
+    (n,N-1,K,K), and S_0 (n,K) in an anchor case (else None)."""
+    h, ids, values = cpu["hidden"][rows].double(), cpu["inv"][rows], cpu["values"][rows].double()
+    e, weights = cpu["embed"].double(), [w.double() for w in m_cpu.weights()]
+    if cpu["anchor_inv"] is None:
+        return ref.score(h, ids, values, e, *weights), None
+    return (ref.score(h[:, 1:], ids, values, e, *weights),
+            ref.anchor_scores(h, ids, values, cpu["anchor_inv"][rows], e, *weights))
+
+
 def self_check(m_cpu, cpu: dict) -> bool:
     """walk_check flags a walk that is not greedy: the CPU's own tokens with request 0's last step moved to the
-    candidate the reference scores lowest (run in the rehearsal, where every case agrees)."""
-    s64 = ref.score(cpu["hidden"][:1].double(), cpu["inv"][:1], cpu["values"][:1].double(), cpu["embed"].double(),
-                    *(w.double() for w in m_cpu.weights()))
+    candidate the reference scores lowest, and in an anchor case, apart, its first step moved to S_0's lowest
+    (run in the rehearsal, where every case agrees)."""
+    s64, first = reference_scores(m_cpu, cpu, [0])
     prev = int((cpu["ids"][0, N - 2] == cpu["tokens"][0, N - 2]).int().argmax())
-    tampered = cpu["tokens"].clone()
-    tampered[0, N - 1] = cpu["ids"][0, N - 1, int(s64[0, N - 2, prev].argmin())]
-    res = walk_check(m_cpu, cpu, cpu["ids"], tampered)
-    return res["disagreeing"] == 1 and res["invalid_walks"] == 1 and walk_check(m_cpu, cpu, cpu["ids"],
-                                                                                  cpu["tokens"])["disagreeing"] == 0
+    moves = [(N - 1, int(s64[0, N - 2, prev].argmin()))] + ([] if first is None else [(0, int(first[0].argmin()))])
+    for slot, rank in moves:
+        tampered = cpu["tokens"].clone()
+        tampered[0, slot] = cpu["ids"][0, slot, rank]
+        res = walk_check(m_cpu, cpu, cpu["ids"], tampered)
+        if not (res["disagreeing"] == 1 and res["invalid_walks"] == 1):
+            return False
+    return walk_check(m_cpu, cpu, cpu["ids"], cpu["tokens"])["disagreeing"] == 0
 
 
 def hand_back_ok(before: torch.Tensor, after: torch.Tensor, tokens: torch.Tensor, point_mass: bool) -> bool:
@@ -172,8 +199,8 @@ def main() -> None:
     dev = torch.device(args.device)
     cuda = dev.type == "cuda"
     torch.manual_seed(0)
-    m_cpu = random_corrector(args.d, seed=0)
-    m = random_corrector(args.d, seed=0).to(dev)
+    m_cpu = {a: random_corrector(args.d, seed=0, anchor=a) for a in (False, True)}
+    m = {a: random_corrector(args.d, seed=0, anchor=a).to(dev) for a in (False, True)}
     g = torch.Generator(device=dev).manual_seed(1)
     embed = torch.randn(args.V, args.d, generator=g, device=dev).bfloat16()
     timer = Timer(cuda)
@@ -185,7 +212,11 @@ def main() -> None:
     save = lambda: out.write_text(json.dumps(info, indent=1))  # noqa: E731
     inputs = {}
     for R in args.R:
-        hidden = torch.randn(R * N, args.d, generator=g, device=dev).bfloat16()
+        # the drafter pass's R(1+N) rows, request-major, each request's anchor first: the plugin's hook gets the N
+        # drafted rows of each (gathered, a copy) and reads the anchors' rows and tokens as strided views
+        pass_rows = torch.randn(R * (N + 1), args.d, generator=g, device=dev).bfloat16()
+        hidden = pass_rows.view(R, N + 1, -1)[:, 1:].reshape(R * N, -1)
+        anchor = (pass_rows[::N + 1], torch.randint(args.V, (R * (N + 1),), generator=g, device=dev)[::N + 1])
         logits = draft_logits(R * N, args.V, g, dev)
         work = torch.empty_like(logits)
         restore = lambda: work.copy_(logits)  # noqa: E731
@@ -196,29 +227,36 @@ def main() -> None:
             base["graph_us"] = timer(graph.replay, restore, args.reps)
             del graph
         info["baseline"][str(R)] = base
-        inputs[R] = (hidden, logits, work, cpu_reference(m_cpu, embed, hidden, logits, R))
+        inputs[R] = (hidden, logits, work, anchor, {a: cpu_reference(m_cpu[a], embed, hidden, logits, R,
+                                                                     anchor if a else ()) for a in (False, True)})
         if args.self_check:
-            info.setdefault("self_check", {})[str(R)] = self_check(m_cpu, inputs[R][3])
+            checks = (self_check(m_cpu[a], inputs[R][4][a]) for a in (False, True))
+            info.setdefault("self_check", {})[str(R)] = all(checks)
         save()
-    for backend in ("fused", "native"):
+    for backend, a in ((b, a) for b in ("fused", "native") for a in (False, True)):
         with dcoco.use_backend(backend):
-            m.prepare_inference(embed)
-            correct = hook.rows(lambda h, i, v: hook.tokens(m, embed, "greedy", h, i, v), N)  # the plugin's call
+            m[a].prepare_inference(embed)
+            # the plugin's call
+            correct = hook.rows(lambda h, i, v, *an: hook.tokens(m[a], embed, "greedy", h, i, v, *an), N)
             for R in args.R:
-                hidden, logits, work, cpu = inputs[R]
+                hidden, logits, work, anchor, cpu = inputs[R]
+                anchor, cpu = anchor if a else (), cpu[a]
                 ids, values = hook.candidates(logits, K)
-                for point_mass in (False, True):
-                    case = {"backend": backend, "R": R, "point_mass": point_mass, "error": None}
+                for point_mass in (False, True) if not a else (False,):
+                    case = {"backend": backend, "R": R, "anchor": a, "point_mass": point_mass, "error": None}
                     info["cases"].append(case)
-                    step = lambda: hook.on_logits(correct, hidden, work, K, point_mass).argmax(-1)  # noqa: E731
+                    step = lambda: (hook.on_logits(correct, hidden, work, K, point_mass, *anchor)  # noqa: E731
+                                    .argmax(-1))
                     restore = lambda: work.copy_(logits)  # noqa: E731
                     try:
                         restore()
                         tokens = step()
                         case["hand_back_ok"] = hand_back_ok(logits, work, tokens, point_mass)
                         case["topk_equal"] = torch.equal(ids.view(R, N, K).cpu(), cpu["ids"])
-                        case.update(walk_check(m_cpu, cpu, ids.view(R, N, K).cpu(), tokens.view(R, N).cpu()))
+                        case.update(walk_check(m_cpu[a], cpu, ids.view(R, N, K).cpu(), tokens.view(R, N).cpu()))
                         case["eager_us"] = timer(step, restore, max(3, args.reps // 5))
+                        alone = lambda: correct(hidden, ids, values, *anchor)  # noqa: E731  no top-K, no hand-back
+                        case["corrector_equal"] = torch.equal(alone(), tokens)
                         if cuda:
                             restore()
                             graph, replayed = capture(step)
@@ -226,13 +264,12 @@ def main() -> None:
                             graph.replay()
                             case["graph_equal"] = torch.equal(replayed, tokens)
                             case["graph_us"] = timer(graph.replay, restore, args.reps)
-                            alone, _ = capture(lambda: correct(hidden.view(R, N, -1), ids.view(R, N, K),
-                                                               values.view(R, N, K)))
-                            case["corrector_us"] = timer(alone.replay, lambda: None, args.reps)
+                            alone_graph, _ = capture(alone)
+                            case["corrector_us"] = timer(alone_graph.replay, lambda: None, args.reps)
                             case["ratio"] = case["graph_us"] / info["baseline"][str(R)]["graph_us"]
-                            del graph, alone
+                            del graph, alone_graph
                         case["ok"] = bool(case["hand_back_ok"] and case["topk_equal"] and case["invalid_walks"] == 0
-                                          and case.get("graph_equal", True))
+                                          and case["corrector_equal"] and case.get("graph_equal", True))
                     except Exception as e:  # noqa: BLE001  recorded: the other cases still run
                         case.update(ok=False, error=f"{type(e).__name__}: {e}"[:500])
                     print(json.dumps(case), flush=True)
@@ -240,14 +277,14 @@ def main() -> None:
     info["passed"] = {b: bool(rows) and all(c["ok"] for c in rows)
                       for b in ("fused", "native") for rows in [[c for c in info["cases"] if c["backend"] == b]]}
     save()
-    print("\n| backend | R | point mass | agree | invalid walks | eager us | graph us | corrector us | DFlash us "
-          "| ratio |")
-    print("|---|---|---|---|---|---|---|---|---|---|")
+    print("\n| backend | R | anchor | point mass | agree | invalid walks | eager us | graph us | corrector us "
+          "| DFlash us | ratio |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|")
     for c in info["cases"]:
         f = lambda k: f"{c[k]:.1f}" if isinstance(c.get(k), float) else "-"  # noqa: E731
         b = info["baseline"][str(c["R"])]
-        print(f"| {c['backend']} | {c['R']} | {c['point_mass']} | {f('agree_slots')} | {c.get('invalid_walks', '-')} "
-              f"| {f('eager_us')} | {f('graph_us')} | {f('corrector_us')} | "
+        print(f"| {c['backend']} | {c['R']} | {c['anchor']} | {c['point_mass']} | {f('agree_slots')} "
+              f"| {c.get('invalid_walks', '-')} | {f('eager_us')} | {f('graph_us')} | {f('corrector_us')} | "
               f"{b.get('graph_us', b['eager_us']):.1f} | {f('ratio')} |" + (f" {c['error']}" if c["error"] else ""))
     print("passed:", json.dumps(info["passed"]))
 

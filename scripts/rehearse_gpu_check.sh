@@ -21,11 +21,13 @@ assert total == plan["total_s"] <= plan["limit_s"], f"device plan {plan}: {total
 assert r["plan"] == plan, (r["plan"], plan)
 assert set(r["steps"]) == set(plan["steps_s"]) - {"report"}, f"steps that did not run: {r['steps']}"
 assert all(s["exit"] == 0 for s in r["steps"].values()), r["steps"]
-assert r["missing"] == ["gpu_bench.json"], f"missing from OUT: {r['missing']}"  # gpu_bench.py is only imported
+assert r["missing"] == [], f"missing from OUT: {r['missing']}"
+assert [x["R"] for x in r["bench"]["rows"]] == [1, 4] and [x["R"] for x in r["bench"]["train"]] == [1, 8], r["bench"]
 assert r["passed"] is False and r["native_passed"] is False, "a rehearsal must never pass"
 assert r["tests"]["fused"]["failed"] == 0 == r["tests"]["native"]["failed"], r["tests"]
 cases = r["hook"]["cases"]
-assert len(cases) == 2 * 2 * 2 and all(c["ok"] and c["error"] is None for c in cases), cases
+assert len(cases) == 2 * 2 * 3 and all(c["ok"] and c["error"] is None for c in cases), cases  # backend, R, case
+assert sum(c["anchor"] for c in cases) == 4, "gpu_hook.py ran no anchor-aware case"
 assert r["hook"]["passed"] == {"fused": True, "native": True}, r["hook"]["passed"]
 assert r["hook"]["self_check"] == {"1": True, "2": True}, "gpu_hook.py's walk check missed a tampered walk"
 assert all(s["verdict"] == "clean" for s in r["sanitizer"].values()) and len(r["sanitizer"]) == 3, r["sanitizer"]

@@ -11,14 +11,18 @@ def _drafter(worker):
 def record(worker) -> None:
     """From now on, keep every corrected draft: the hook's inputs, tokens and slots per request, and which vLLM
     call made it; beside each (in "anchors"), the anchor rows and ids it was given (None for the paper's corrector)
-    and the whole drafter pass they came from: its output rows and input ids."""
+    and the whole drafter pass they came from: its output rows and input ids. "inputs" has, per draft call, what
+    the corrector got beyond the rows: None (it did not apply: plain DFlash), 0 (the paper's inputs) or 2 (an
+    anchor-aware corrector's anchor rows and ids); it covers sample_draft's sampled walk too."""
     m = _drafter(worker)
-    m.probe_log, m.probe_entry, m.probe_anchor = [], [], []
+    m.probe_log, m.probe_entry, m.probe_anchor, m.probe_inputs = [], [], [], []
     correct, draft_inputs = type(m).correct, type(m)._draft_inputs
 
     def keeping_the_pass(rows):
         m.probe_pass = None if m._anchors is None else tuple(t.clone() for t in m._anchors)
-        return draft_inputs(m, rows)
+        block = draft_inputs(m, rows)
+        m.probe_inputs.append(None if block is None else len(block[1]))
+        return block
 
     def recording(hidden, cand_ids, cand_logits, slots, anchor=()):
         tokens = correct(m, hidden, cand_ids, cand_logits, slots, anchor)
@@ -39,7 +43,7 @@ def record(worker) -> None:
 def recorded(worker) -> dict:
     m = _drafter(worker)
     return {"drafts": list(m.probe_log), "entries": sorted(set(m.probe_entry)), "calls": len(m.probe_entry),
-            "anchors": list(m.probe_anchor)}
+            "anchors": list(m.probe_anchor), "inputs": list(m.probe_inputs)}
 
 
 def clear(worker) -> None:
@@ -47,6 +51,7 @@ def clear(worker) -> None:
     m.probe_log.clear()
     m.probe_entry.clear()
     m.probe_anchor.clear()
+    m.probe_inputs.clear()
 
 
 def state(worker) -> dict:

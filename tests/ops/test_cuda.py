@@ -7,6 +7,7 @@ import torch
 
 import dcoco
 
+from helpers.anchor import anchored, make_anchor_case
 from helpers.cases import assert_walk_matches, backend_score, make_case
 
 pytestmark = [pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device; none on this machine"),
@@ -62,6 +63,42 @@ def test_cuda_forward_matches_reference(d, R, dtype, table):
 def test_cuda_every_path_matches_reference(monkeypatch, path, dtype, table):
     monkeypatch.setenv("DCOCO_CUDA_PATH", path)
     check_forward(5, 2560, dtype, table, path)
+
+
+def check_anchor(R, d, dtype, table, path=""):
+    """The anchor transition (docs/spec.md) on B+1 = 16 slots, as the plugin runs it at N = 15: S_0, the grid and
+    the greedy walk from the anchor against the float64 literal."""
+    c = make_anchor_case(R, 15, 16, d, V=1000, dtype=dtype, seed=R * 11 + d)
+    f64, g64 = c.ref_first(), c.ref_grid()
+    c.corrector.cuda()
+    c.hidden, c.cand_ids, c.cand_logits, c.embed, c.anchor_ids = (
+        t.cuda() for t in (*c.inputs, c.anchor_ids))
+    if table:
+        c.corrector.prepare_inference(c.embed)
+    scale = max(f64.abs().max().item(), g64.abs().max().item()) + 1.0
+    tol = tolerance(dtype, path)
+    first, grid = c.corrector.walk_inputs(c.corrector.score(*c.inputs, anchor_ids=c.anchor_ids), c.cand_logits)
+    torch.testing.assert_close(first.double().cpu(), f64, rtol=tol, atol=2 * tol * scale)
+    torch.testing.assert_close(grid.double().cpu(), g64, rtol=tol, atol=2 * tol * scale)
+    ranks, tokens = c.corrector(*c.inputs, anchor_ids=c.anchor_ids)
+    walk = torch.cat([torch.zeros(R, 1, dtype=torch.int64), ranks.cpu()], 1)  # from the anchor's one candidate
+    assert_walk_matches(walk, anchored(f64, g64), torch.zeros(R, 16), atol=10 * tol * scale)
+    assert torch.equal(tokens, torch.gather(c.cand_ids.long(), 2, ranks[..., None])[..., 0])
+
+
+@pytest.mark.parametrize("R,d", [(1, 4096), (3, 2560), (32, 64)])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("table", [False, True])
+def test_cuda_anchor_transition_matches_reference(R, d, dtype, table):
+    check_anchor(R, d, dtype, table)
+
+
+@pytest.mark.fused_only
+@pytest.mark.parametrize("path", paths())
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
+def test_cuda_anchor_transition_on_every_path(monkeypatch, path, dtype):
+    monkeypatch.setenv("DCOCO_CUDA_PATH", path)
+    check_anchor(5, 2560, dtype, True, path)
 
 
 @pytest.mark.fused_only

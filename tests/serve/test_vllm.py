@@ -175,19 +175,29 @@ def test_local_argmax_reduction_corrects_through_the_native_op(models, served, p
     close(llm)
 
 
-def _drafts_are_the_corrector(models, drafts, embed=None) -> int:
+def _drafts_are_the_corrector(models, drafts, embed=None, anchors=None) -> int:
     """Each recorded draft is Corrector.forward of its (hidden, top-K) inputs at its own slot count, with the
-    checkpoint's corrector and the target's embedding (or embed). Returns how many slots it re-selected."""
-    _, corrector = checkpoint.load(models / "dcoco")
+    checkpoint's corrector and the target's embedding (or embed). With anchors (the record's "anchors": the
+    anchor-aware drafter's), each block's anchor row and id are its request's first query row of the drafter pass
+    at that slot count (the drafted rows are the pass's rows 1..N, the mask token's), and the draft is the
+    anchor-aware corrector's of the block with its anchor prepended. Returns how many slots it re-selected."""
+    _, corrector = checkpoint.load(models / ("dcoco" if anchors is None else "anchor"))
+    assert corrector.anchor_transition == (anchors is not None)
     if embed is None:
         embed = _target_embedding(models)
     corrector.prepare_inference(embed)  # as the served corrector
     changed = 0
-    for hidden, ids, logits, tokens, slots in drafts:
+    for (hidden, ids, logits, tokens, slots), a in zip(drafts, anchors or [None] * len(drafts), strict=True):
         R = hidden.shape[0] // slots
         assert R * slots == hidden.shape[0]
-        want = corrector(hidden.view(R, slots, -1), ids.view(R, slots, -1), logits.view(R, slots, -1), embed)[1]
-        assert torch.equal(tokens, want.view(-1))
+        blocks, anchor = hidden.view(R, slots, -1), ()
+        if a is not None:
+            rows, inputs = a["pass"][0][:R * (slots + 1)].view(R, slots + 1, -1), a["pass"][1][:R * (slots + 1)]
+            assert torch.equal(a["hidden"], rows[:, 0]) and torch.equal(a["ids"], inputs.view(R, slots + 1)[:, 0])
+            assert torch.equal(blocks, rows[:, 1:]) and bool((inputs.view(R, slots + 1)[:, 1:] == V - 1).all())
+            blocks, anchor = torch.cat([a["hidden"][:, None], blocks], 1), (a["ids"],)
+        want = corrector(blocks, ids.view(R, slots, -1), logits.view(R, slots, -1), embed, *anchor)[1]
+        assert torch.equal(tokens, want.reshape(-1))
         changed += int((tokens != ids[:, 0]).sum())
     return changed
 
@@ -214,19 +224,10 @@ def test_an_anchor_aware_corrector_is_lossless_and_reads_the_anchor(models, anch
     assert anchored["tokens"] == plain_greedy
     log = anchored["log"]
     assert log["entries"] == ["compute_logits"] and log["drafts"] and None not in log["anchors"]
-    _, corrector = checkpoint.load(models / "anchor")
-    assert corrector.anchor_transition
-    embed = _target_embedding(models)
-    corrector.prepare_inference(embed)
+    assert _drafts_are_the_corrector(models, log["drafts"], anchors=log["anchors"]) > 0
     slot1_changed, order = 0, [[], []]
     for (hidden, ids, logits, tokens, slots), a in zip(log["drafts"], log["anchors"]):
-        R, Q = hidden.shape[0] // slots, slots + 1
-        rows, inputs = a["pass"][0][:R * Q].view(R, Q, -1), a["pass"][1][:R * Q].view(R, Q)
-        assert torch.equal(a["hidden"], rows[:, 0]) and torch.equal(a["ids"], inputs[:, 0])
-        assert torch.equal(hidden.view(R, slots, -1), rows[:, 1:]) and bool((inputs[:, 1:] == V - 1).all())
-        blocks = torch.cat([a["hidden"][:, None], hidden.view(R, slots, -1)], 1)
-        want = corrector(blocks, ids.view(R, slots, -1), logits.view(R, slots, -1), embed, a["ids"])[1]
-        assert torch.equal(tokens, want.reshape(-1))
+        R = hidden.shape[0] // slots
         slot1_changed += int((tokens.view(R, slots)[:, 0] != ids.view(R, slots, -1)[:, 0, 0]).sum())
         if R == 2:  # both requests running: rows in request order
             for r in range(2):
@@ -256,19 +257,23 @@ def _in_order(xs: list, ys: list) -> bool:
     return all(any(x == y for y in it) for x in xs)
 
 
-def test_dynamic_speculation_corrects_each_block_at_its_own_length(models, plain_greedy):
+@pytest.mark.parametrize("drafter", ["dcoco", "anchor"])
+def test_dynamic_speculation_corrects_each_block_at_its_own_length(models, plain_greedy, drafter):
     """num_speculative_tokens_per_batch_size: vLLM drafts 3 slots while one request runs and 2 while two do. The
     outputs end at different lengths, so both counts occur in one run: every block is corrected at its own length
-    (never a reshape across requests), and greedy output stays target-only decoding's."""
-    llm = _llm(models, "dcoco", num_speculative_tokens_per_batch_size=[[1, 1, 3], [2, 4, 2]])
+    (never a reshape across requests), and greedy output stays target-only decoding's. An anchor-aware corrector
+    reads each block's anchor from the pass at that length."""
+    llm = _llm(models, drafter, num_speculative_tokens_per_batch_size=[[1, 1, 3], [2, 4, 2]])
     llm.collective_rpc(probes.record)
     lengths = [24, 8]
     assert generate(llm, tokens=lengths) == [t[:n] for t, n in zip(plain_greedy, lengths)]
-    drafts = _rpc(llm, probes.recorded)["drafts"]
+    log = _rpc(llm, probes.recorded)
     close(llm)
-    shapes = {(d[0].shape[0] // d[4], d[4]) for d in drafts}  # (requests, slots) of each corrected draft call
+    shapes = {(d[0].shape[0] // d[4], d[4]) for d in log["drafts"]}  # (requests, slots) of each corrected call
     assert shapes == {(2, 2), (1, 3)}, shapes
-    assert _drafts_are_the_corrector(models, drafts) > 0
+    assert set(log["inputs"]) == {0 if drafter == "dcoco" else 2}, log["inputs"]  # no call drafted plain DFlash
+    anchors = log["anchors"] if drafter == "anchor" else None
+    assert _drafts_are_the_corrector(models, log["drafts"], anchors=anchors) > 0
 
 
 def test_a_weight_reload_rebuilds_the_table_in_place(models, tmp_path):
@@ -321,21 +326,27 @@ def _same_distribution(ref: list[list[int]], got: list[list[int]]) -> None:
         assert p > 0.01, (pos, p)
 
 
-def test_probabilistic_drafts_keep_the_target_distribution(models, plain):
+@pytest.mark.parametrize("drafter", ["dcoco", "anchor"])
+def test_probabilistic_drafts_keep_the_target_distribution(models, plain, drafter):
     """draft_sample_method probabilistic: the proposer draws the corrector's sampled walk and caches its proposal,
-    sparse over each slot's K candidates; the committed tokens are distributed as target-only sampling."""
-    llm = _llm(models, "dcoco", seqs=32, draft_sample_method="probabilistic")
+    sparse over each slot's K candidates; the committed tokens are distributed as target-only sampling. The
+    anchor-aware corrector's walk starts from each request's anchor (the probe's random rows have no drafter pass,
+    so its proposal is checked by the hook's tests, and here by the served distribution)."""
+    llm = _llm(models, drafter, seqs=32, draft_sample_method="probabilistic")
     probes.fix_cpu_expand()  # after start-up, which registers vLLM's CPU kernels again
     s = _rpc(llm, probes.state)
-    assert s["point_mass"] and s["walks"]
-    c = _rpc(llm, probes.sample_check, 3)
-    assert c["vocab"] == V and all(0 < n <= 8 for n in c["support"]) and all(q > 0 for q in c["at_token"])
-    assert c["tokens"][:N] == c["greedy"][:N] and c["support"][:N] == [1] * N  # request 0: temperature 0
-    for total in c["total"]:
-        assert abs(total - 1) < 1e-5
+    assert s["point_mass"] and s["walks"] and s["anchor"] == (drafter == "anchor")
+    if drafter == "dcoco":
+        c = _rpc(llm, probes.sample_check, 3)
+        assert c["vocab"] == V and all(0 < n <= 8 for n in c["support"]) and all(q > 0 for q in c["at_token"])
+        assert c["tokens"][:N] == c["greedy"][:N] and c["support"][:N] == [1] * N  # request 0: temperature 0
+        for total in c["total"]:
+            assert abs(total - 1) < 1e-5
     _rpc(llm, probes.record)
     got = generate(llm, 1.0, 4, [PROMPTS[0]] * SAMPLES, list(range(SAMPLES, 2 * SAMPLES)))
-    assert _rpc(llm, probes.recorded)["entries"] == ["sample_draft"]  # every draft was a sampled walk
+    log = _rpc(llm, probes.recorded)
+    assert log["entries"] == ["sample_draft"]  # every draft was a sampled walk
+    assert set(log["inputs"]) == {0 if drafter == "dcoco" else 2}, log["inputs"]  # each with its anchor, if any
     c = spec_counters(llm)
     assert c["vllm:spec_decode_num_draft_tokens"] >= 3 * SAMPLES
     close(llm)

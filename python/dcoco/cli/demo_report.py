@@ -159,7 +159,7 @@ def plots(res: dict, work: Path, out: Path, prefix: str) -> list[Path]:
     paths = [out / f"{prefix}-tau.png", out / f"{prefix}-coverage.png", out / f"{prefix}-training.png"]
     names = list(sim)
     suites = [*sim["DFlash"]["suites"], "overall"]
-    fig, ax = plt.subplots(figsize=(max(6, 1.5 * len(suites)), 4.5))
+    fig, ax = plt.subplots(figsize=(1.5 * len(suites) + 4, 4.5))  # + the legend's width, right of the bars
     w = 0.8 / len(names)
     for j, m in enumerate(names):
         rows = [sim[m]["overall"] if s == "overall" else sim[m]["suites"][s] for s in suites]
@@ -172,7 +172,7 @@ def plots(res: dict, work: Path, out: Path, prefix: str) -> list[Path]:
     ax.set(ylabel="tau (tokens per round)",
            title="SmolLM2-135M: committed tokens per round\n(greedy, simulated exactly; 95% CIs over prompts)")
     ax.set_ylim(bottom=1.0)
-    ax.legend(fontsize=7)
+    ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.0, 1.0))  # outside: it covered the overall bars
     figures.save(fig, paths[0])
     d = sim["DFlash"]["overall"]
     coverage_plot(d["coverage_tf"], d["coverage_tf_seen"], paths[1],
