@@ -48,23 +48,6 @@ def check_forward(R, d, dtype, table, path=""):
     assert torch.equal(tokens, torch.gather(case.cand_ids.long(), 2, ranks[..., None])[..., 0])
 
 
-@pytest.mark.parametrize("d", [64, 2048, 2560, 4096])
-@pytest.mark.parametrize("R", [1, 3, 32])
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-@pytest.mark.parametrize("table", [False, True])
-def test_cuda_forward_matches_reference(d, R, dtype, table):
-    check_forward(R, d, dtype, table)
-
-
-@pytest.mark.fused_only
-@pytest.mark.parametrize("path", paths())
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
-@pytest.mark.parametrize("table", [False, True])
-def test_cuda_every_path_matches_reference(monkeypatch, path, dtype, table):
-    monkeypatch.setenv("DCOCO_CUDA_PATH", path)
-    check_forward(5, 2560, dtype, table, path)
-
-
 def check_anchor(R, d, dtype, table, path=""):
     """The anchor transition (docs/spec.md) on B+1 = 16 slots, as the plugin runs it at N = 15: S_0, the grid and
     the greedy walk from the anchor against the float64 literal."""
@@ -86,19 +69,26 @@ def check_anchor(R, d, dtype, table, path=""):
     assert torch.equal(tokens, torch.gather(c.cand_ids.long(), 2, ranks[..., None])[..., 0])
 
 
-@pytest.mark.parametrize("R,d", [(1, 4096), (3, 2560), (32, 64)])
+# (check, R, d): the paper's corrector over every width and batch, the anchor transition on three of them
+CASES = [(check_forward, R, d) for d in (64, 2048, 2560, 4096) for R in (1, 3, 32)] + \
+    [(check_anchor, R, d) for R, d in ((1, 4096), (3, 2560), (32, 64))]
+
+
+@pytest.mark.parametrize("check,R,d", CASES, ids=[f"{c.__name__[6:]}-R{R}-d{d}" for c, R, d in CASES])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("table", [False, True])
-def test_cuda_anchor_transition_matches_reference(R, d, dtype, table):
-    check_anchor(R, d, dtype, table)
+def test_cuda_matches_reference(check, R, d, dtype, table):
+    check(R, d, dtype, table)
 
 
 @pytest.mark.fused_only
+@pytest.mark.parametrize("check", [check_forward, check_anchor], ids=["forward", "anchor"])
 @pytest.mark.parametrize("path", paths())
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
-def test_cuda_anchor_transition_on_every_path(monkeypatch, path, dtype):
+@pytest.mark.parametrize("table", [False, True])
+def test_cuda_every_path_matches_reference(monkeypatch, check, path, dtype, table):
     monkeypatch.setenv("DCOCO_CUDA_PATH", path)
-    check_anchor(5, 2560, dtype, True, path)
+    check(5, 2560, dtype, table, path)
 
 
 @pytest.mark.fused_only
