@@ -28,12 +28,9 @@ from dcoco.testing import reference as ref
 B, K, r, H = 15, 16, 128, 256
 SIZES = {"device": (4096, 151936, (1, 4, 8, 16, 32, 64, 128, 256), (1, 8, 32, 512)),  # d, V, R, training R
          "rehearsal": (64, 1000, (1, 4), (1, 8))}
-REHEARSAL = False  # set by --rehearse: every timer is eager perf_counter on the CPU
 
 
 def graph_time_us(fn, reps=200) -> float:
-    if REHEARSAL:
-        return eager_time_us(fn, min(reps, 3))
     s = torch.cuda.Stream()
     with torch.cuda.stream(s):
         for _ in range(3):
@@ -53,8 +50,7 @@ def graph_time_us(fn, reps=200) -> float:
     return statistics.median(times)
 
 
-def eager_time_us(fn, reps=5) -> float:
-    sync = (lambda: None) if REHEARSAL else torch.cuda.synchronize
+def eager_time_us(fn, reps=5, sync=torch.cuda.synchronize) -> float:
     fn()
     sync()
     times = []
@@ -89,10 +85,14 @@ def main() -> None:
     ap.add_argument("--quick", action="store_true", help="no torch.compile column (its compile takes the longest)")
     ap.add_argument("--rehearse", action="store_true", help="on the CPU at small sizes (see above)")
     args = ap.parse_args()
-    global REHEARSAL
-    REHEARSAL = args.rehearse
-    dev = "cpu" if REHEARSAL else "cuda"
-    D, V, R_rows, R_train = SIZES["rehearsal" if REHEARSAL else "device"]
+    dev = "cpu" if args.rehearse else "cuda"
+    D, V, R_rows, R_train = SIZES["rehearsal" if args.rehearse else "device"]
+    if args.rehearse:  # every timer eager, by perf_counter, nothing to synchronize
+        no_sync = lambda: None  # noqa: E731
+        graph_us = lambda fn, reps=200: eager_time_us(fn, min(reps, 3), no_sync)  # noqa: E731
+        eager_us = lambda fn, reps=5: eager_time_us(fn, reps, no_sync)  # noqa: E731
+    else:
+        graph_us, eager_us = graph_time_us, eager_time_us
     dcoco.set_backend("fused")  # the Corrector calls below time the kernel; native.* is called directly
     torch.manual_seed(0)
     m = dcoco.Corrector(D).to(dev)
@@ -103,10 +103,11 @@ def main() -> None:
     table = m.prepare_inference(embed)
     w = tuple(t.detach() for t in m.weights())
     compiled = None if args.quick else torch.compile(lambda h, i, l: native.correct(h, i, l, embed, w, table))
-    ceil = {} if REHEARSAL else ceilings()
+    ceil = {} if args.rehearse else ceilings()
     rows, train = [], []
-    info = {"gpu": "cpu (rehearsal)" if REHEARSAL else torch.cuda.get_device_name(), "date": time.strftime("%Y-%m-%d"), "torch": torch.__version__,
-            "dcoco": dcoco.build_info(), "ceilings": ceil, "rows": rows, "train": train}
+    info = {"gpu": "cpu (rehearsal)" if args.rehearse else torch.cuda.get_device_name(),
+            "date": time.strftime("%Y-%m-%d"), "torch": torch.__version__, "dcoco": dcoco.build_info(),
+            "ceilings": ceil, "rows": rows, "train": train}
     # written after every R, so a timeout keeps what ran
     save = lambda: Path(args.out, "gpu_bench.json").write_text(json.dumps(info, indent=2))  # noqa: E731
     for R in R_rows:
@@ -114,10 +115,10 @@ def main() -> None:
         ids = torch.randint(0, V, (R, B, K), device=dev)
         lg = torch.randn(R, B, K, device=dev).sort(-1, descending=True).values.bfloat16()
         with torch.no_grad():
-            fused = graph_time_us(lambda: m(h, ids, lg, embed))
-            nat = graph_time_us(lambda: native.correct(h, ids, lg, embed, w, table))
-            comp = graph_time_us(lambda: compiled(h, ids, lg)) if compiled else None
-            eager = eager_time_us(lambda: ref.forward(h, ids, lg, embed, *w)) if R <= 64 else None
+            fused = graph_us(lambda: m(h, ids, lg, embed))
+            nat = graph_us(lambda: native.correct(h, ids, lg, embed, w, table))
+            comp = graph_us(lambda: compiled(h, ids, lg)) if compiled else None
+            eager = eager_us(lambda: ref.forward(h, ids, lg, embed, *w)) if R <= 64 else None
         rows.append({"R": R, "fused_us": fused, "native_us": nat, "native_compile_us": comp, "eager_ref_us": eager,
                      "floor_us": floor_us(R, ceil, D)})
         print(rows[-1], flush=True)
@@ -129,16 +130,16 @@ def main() -> None:
         G = torch.randn(R, B - 1, K, K, device=dev)
         hg, lgg, wg = h.float().requires_grad_(), lg.clone().requires_grad_(), [t.clone().requires_grad_() for t in w]
         reps, eager_reps = (20, 5) if R <= 32 else (3, 1)  # R=512: the training batch, timed once
-        fwd = graph_time_us(lambda: torch.ops.dcoco.score(h, ids, lg, embed, *w), reps=reps)
-        bwd = graph_time_us(lambda: torch.ops.dcoco.score_backward(G, h, ids, lg, embed, *w), reps=reps)
+        fwd = graph_us(lambda: torch.ops.dcoco.score(h, ids, lg, embed, *w), reps=reps)
+        bwd = graph_us(lambda: torch.ops.dcoco.score_backward(G, h, ids, lg, embed, *w), reps=reps)
         def grad(score):
             return torch.autograd.grad((score(hg, ids, lgg, embed, wg) * G).sum(), (hg, lgg, *wg))
 
         fused_score = lambda h, i, l, e, ws: torch.ops.dcoco.score(h, i, l, e, *ws)  # noqa: E731  native.score's call
-        fused_fb = eager_time_us(lambda: grad(fused_score), eager_reps)
-        native_fb = eager_time_us(lambda: grad(native.score), eager_reps)
+        fused_fb = eager_us(lambda: grad(fused_score), eager_reps)
+        native_fb = eager_us(lambda: grad(native.score), eager_reps)
         peak = None
-        if not REHEARSAL:
+        if not args.rehearse:
             torch.cuda.synchronize()
             base = torch.cuda.memory_allocated()
             torch.cuda.reset_peak_memory_stats()
@@ -149,7 +150,7 @@ def main() -> None:
                       "native_fwd_bwd_us": native_fb, "native_extra_peak_bytes": peak})
         print(train[-1], flush=True)
         save()
-    print(f"\n{info['gpu']}, {info['date']}: median us per call ({'eager' if REHEARSAL else 'CUDA-graph replay'})")
+    print(f"\n{info['gpu']}, {info['date']}: median us per call ({'eager' if args.rehearse else 'CUDA-graph replay'})")
     print("| R | fused | native | native compiled | eager reference | floor | native/fused | fused/floor |")
     print("|---|---|---|---|---|---|---|---|")
     for x in rows:

@@ -30,7 +30,8 @@ declare -A T=(
 # Rehearsal on a CPU machine, so that a typo cannot waste a lent device: `bash bench/gpu_check.sh --rehearse` runs
 # every step with .venv's python, a CPU-only build, the device "cpu" (the hook at small sizes, its CUDA-graph parts
 # skipped), compute-sanitizer replaced by a shim that runs the command bare, and gpu_bench.py --rehearse (every
-# call at small sizes, timed eagerly), each under the rehearsal's own timeouts (RT: 2 cores); it ends with the report, whose "passed" is false (no GPU ran).
+# call at small sizes, timed eagerly), each under the rehearsal's own timeouts (RT: 2 cores); it ends with the
+# report, whose "passed" is false (no GPU ran).
 # CI runs it (scripts/rehearse_gpu_check.sh).
 declare -A RT=([wheel]=60 [build]=900 [env]=60 [tests]=300 [hook]=300 [sanitizer]=300 [bench]=120 [report]=60)
 set -uo pipefail

@@ -105,7 +105,7 @@ def cpu_reference(m_cpu: dcoco.Corrector, embed, hidden, logits, R: int, anchor:
     candidates' and anchors' embedding rows (ids remapped): the same rows, a fraction of V."""
     h, lg = hidden.cpu(), logits.cpu()
     ids, values = hook.candidates(lg, K)
-    a_h, a_ids = (t.cpu() for t in anchor) if anchor else (None, ids[:0, 0])
+    a_h, a_ids = (t.cpu() for t in anchor) if anchor else (None, ids.new_zeros(0))
     uniq, inv = torch.cat([ids.flatten(), a_ids]).unique(return_inverse=True)
     inv, a_inv = inv[:ids.numel()].view(ids.shape), inv[ids.numel():]
     e = embed[uniq.to(embed.device)].cpu()

@@ -192,9 +192,10 @@ def _drafts_are_the_corrector(models, drafts, embed=None, anchors=None) -> int:
         assert R * slots == hidden.shape[0]
         blocks, anchor = hidden.view(R, slots, -1), ()
         if a is not None:
-            rows, inputs = a["pass"][0][:R * (slots + 1)].view(R, slots + 1, -1), a["pass"][1][:R * (slots + 1)]
-            assert torch.equal(a["hidden"], rows[:, 0]) and torch.equal(a["ids"], inputs.view(R, slots + 1)[:, 0])
-            assert torch.equal(blocks, rows[:, 1:]) and bool((inputs.view(R, slots + 1)[:, 1:] == V - 1).all())
+            Q = slots + 1
+            rows, inputs = a["pass"][0][:R * Q].view(R, Q, -1), a["pass"][1][:R * Q].view(R, Q)
+            assert torch.equal(a["hidden"], rows[:, 0]) and torch.equal(a["ids"], inputs[:, 0])
+            assert torch.equal(blocks, rows[:, 1:]) and bool((inputs[:, 1:] == V - 1).all())
             blocks, anchor = torch.cat([a["hidden"][:, None], blocks], 1), (a["ids"],)
         want = corrector(blocks, ids.view(R, slots, -1), logits.view(R, slots, -1), embed, *anchor)[1]
         assert torch.equal(tokens, want.reshape(-1))
