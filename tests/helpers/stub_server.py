@@ -11,6 +11,9 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from dcoco.serve import serve_bench as sb
 
 
+WORDS = ("apples", "red cubes", "small stones", "paper cranes", "glass marbles", "wooden blocks", "old coins")
+
+
 class Server(ThreadingHTTPServer):
     # the listen backlog: socketserver's default of 5 resets connections when a loaded machine accepts 16 clients
     # slowly (seen in CI as httpx ReadErrors)
@@ -19,7 +22,8 @@ class Server(ThreadingHTTPServer):
 
 class Stub:
     """A chat-completions server: the answer to a prompt has 3 + len(prompt) % 5 tokens and takes `per_token`
-    seconds per token; each request advances the spec-decode counters (split over two engines) by drafts = tokens,
+    seconds per token (raw completions: `completion`, by default a question drawn from the request's seed); each
+    chat request advances the spec-decode counters (split over two engines) by drafts = tokens,
     accepted = tokens + len(prompt) % 3, logged per request. fail: {prompt substring: "500" | "hang" | "drop"}."""
 
     def __init__(self, spec: bool = True, per_token: float = 0.002):
@@ -55,6 +59,8 @@ class Stub:
 
             def do_POST(self):
                 body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+                if self.path == "/v1/completions":
+                    return self._complete(body)
                 prompt = body["messages"][-1]["content"]
                 mode = next((m for s, m in stub.fail.items() if s in prompt), None)
                 if mode in ("drop", "hang"):
@@ -89,6 +95,20 @@ class Stub:
                     "choices": [choice],
                     "usage": {"prompt_tokens": len(prompt), "completion_tokens": n}}).encode())
 
+            def _complete(self, body):
+                """A raw completion (dcoco data prompts): stub.completion(body) -> (text, finish_reason), or an
+                error when its seed is in stub.fail_seeds."""
+                with stub.lock:
+                    stub.log.append({"body": body})
+                if body.get("seed") in stub.fail_seeds:
+                    return self._send(500, b'{"error": "stub failure"}')
+                text, finish = stub.completion(body)
+                self._send(200, json.dumps({"choices": [{"index": 0, "text": text, "finish_reason": finish}],
+                                            "usage": {"completion_tokens": len(text.split())}}).encode())
+
+        self.completion = lambda body: (f" How many {WORDS[body['seed'] % 7]} fit in {body['seed'] % 1000} "
+                                        f"{WORDS[(body['seed'] // 7) % 7]} boxes?", "stop")
+        self.fail_seeds: set[int] = set()
         self.server = Server(("127.0.0.1", 0), Handler)
         self.server.daemon_threads = True
         self.url = f"http://127.0.0.1:{self.server.server_address[1]}"

@@ -56,7 +56,7 @@ from ..train.training import TrainConfig, train
 from . import demo_report as report
 from .demo_report import ANCHOR, CONTINUED, DFLASH2, FROZEN, ONLINE
 
-EVAL_ROWS_RESERVED = 32  # the demo evaluates rows below this index of each suite; training never sees them
+from ..train.prompts import EVAL_ROWS_RESERVED  # the demo evaluates rows below it; training never sees them
 # training rows per suite of the shipped suites (data/suites; index >= EVAL_ROWS_RESERVED, shuffled with seed 0); aime25
 # (30 rows) is evaluation only, livecodebench prompts are mostly longer than the 300-token cap
 TRAIN_ROWS = {"gsm8k": 250, "math500": 150, "mbpp": 120, "humaneval": 80, "arena-hard-v2": 120, "mt-bench": 40,

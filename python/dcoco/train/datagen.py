@@ -23,7 +23,7 @@ from pathlib import Path
 from tqdm import tqdm
 
 from ..chat import chat
-from ..jsonl import append_record, read_records
+from ..jsonl import BadLine, append_record, read_lines, read_records
 
 ROLES_USER = ("user", "human")
 ROLES_SYSTEM = ("system",)
@@ -47,12 +47,11 @@ def conversation(row: dict, where: str) -> tuple[str | None, list[str]]:
 
 def read_jsonl(path: Path) -> Iterator[tuple[str, int, dict]]:
     """(source, row, record) of a JSONL file; ValueError names a line that is not JSON."""
-    for i, line in enumerate(path.read_text(encoding="utf-8").splitlines()):
-        if line.strip():
-            try:
-                yield path.stem, i, json.loads(line)
-            except json.JSONDecodeError as e:
-                raise ValueError(f"--input: {path} line {i + 1} is not JSON ({e})") from None
+    try:  # rows are numbered from 0 over every line, blank ones too (lines end at "\n" alone: read_lines)
+        for n, row in read_lines(path.read_text(encoding="utf-8")):
+            yield path.stem, n - 1, row
+    except BadLine as e:
+        raise ValueError(f"--input: {path} line {e.line} is not JSON ({e})") from None
 
 
 def read_hub(name: str, split: str) -> Iterator[tuple[str, int, dict]]:
@@ -89,7 +88,12 @@ def done_keys(path: Path) -> set[tuple[str, int]]:
 
 
 def load(folder: str | Path) -> list[tuple[list[int], list[int]]]:
-    """[(prompt ids, response ids)] of every sample of every shard in folder, in (source, row, turn) order."""
+    """[(prompt ids, response ids)] of every sample of every shard in folder, in (source, row, turn) order; a
+    packed corpus (a folder with shards.MANIFEST, `dcoco data pack`) is read through shards.load."""
+    from . import shards
+
+    if (Path(folder) / shards.MANIFEST).is_file():
+        return shards.load(folder)
     recs = []
     for f in sorted(Path(folder).glob("shard-*.jsonl")):
         recs += read_records(f)
@@ -118,6 +122,7 @@ class GenerateConfig:
     concurrency: int = 16
     timeout: float = 600.0
     server_token_ids: bool = True  # ask for the generated ids (vLLM's return_token_ids) instead of re-tokenizing
+    skip_packed: str | Path | None = None  # a packed corpus (shards.py) whose rows count as done
 
 
 class Generator:
@@ -196,6 +201,11 @@ def run(tokenizer, cfg: GenerateConfig, progress: bool = True) -> dict:
     done = done_keys(path)
     todo = [c for k, c in enumerate(inputs(cfg.inputs, cfg.hub, cfg.split))
             if k % cfg.num_shards == cfg.shard][:cfg.limit]
+    if cfg.skip_packed is not None:  # rows already packed (on this machine or another) are not asked again
+        from . import shards
+
+        packed = shards.packed_rows(cfg.skip_packed)
+        done |= {(s, r) for s, r, *_ in todo if r in packed}
     skipped = sum((s, r) in done for s, r, *_ in todo)
     todo = [c for c in todo if (c[0], c[1]) not in done]
     counts = asyncio.run(_generate(gen, todo, path, cfg.concurrency, cfg.timeout, progress))

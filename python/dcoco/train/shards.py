@@ -1,0 +1,160 @@
+"""A token-id corpus packed for shipping: `dcoco data generate`'s answers as compressed uint16 shards of a fixed
+range of prompt rows, with a manifest. A shard is written once its rows are all answered, and never changes
+after, so a corpus grows shard by shard (each can be committed as it lands) and a generation run on another
+machine resumes from the rows the shards hold (`dcoco data generate --skip-packed`).
+
+    <corpus>/manifest.json        {"format", "prompts", "conversations", "samples", "prompt_tokens",
+                                   "response_tokens", "sources": {source: {conversations, samples,
+                                   response_tokens}}, "settings", "shards": [{file, rows, samples, ...}]}
+    <corpus>/shard-<k>.npz        ids (uint16: each sample's prompt then response ids, samples concatenated),
+                                  lengths, prompt_lengths (int32, per sample), rows (int32: the prompt row of
+                                  each sample), turns (uint8: its turn in the conversation), cut (bool: the
+                                  answer hit the length cap)"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections import Counter
+from pathlib import Path
+
+import numpy as np
+
+from ..files import replacing, write_text_atomic
+from ..jsonl import read_records
+
+FORMAT = 1
+MANIFEST = "manifest.json"
+MAX_ID = np.iinfo(np.uint16).max
+
+
+def shard_name(k: int) -> str:
+    return f"shard-{k:05d}.npz"
+
+
+def read_manifest(corpus: str | Path) -> dict:
+    path = Path(corpus) / MANIFEST
+    if not path.is_file():
+        raise ValueError(f"corpus: no {MANIFEST} in {corpus} (`dcoco data pack` writes one)")
+    m = json.loads(path.read_text())
+    if m.get("format") != FORMAT:
+        raise ValueError(f"corpus: {path} has format {m.get('format')!r}; this dcoco reads format {FORMAT}")
+    return m
+
+
+def packed_rows(corpus: str | Path) -> set[int]:
+    """The prompt rows the corpus's shards hold (answered, or dropped by generation for good)."""
+    path = Path(corpus) / MANIFEST
+    if not path.is_file():
+        return set()
+    return {r for s in read_manifest(corpus)["shards"] for r in range(*s["rows"])}
+
+
+def _generated(folder: Path, source: str) -> dict[int, dict]:
+    """{row: record} of the conversations `dcoco data generate` wrote into folder for the input named source."""
+    recs = {}
+    for f in sorted(folder.glob("shard-*.jsonl")):
+        for r in read_records(f):
+            if r.get("source") == source:
+                recs[int(r["row"])] = r
+    return recs
+
+
+def pack(generated: str | Path, prompts: str | Path, out: str | Path, shard_rows: int = 500,
+         final: bool = False, settings: dict | None = None) -> dict:
+    """Writes every shard whose prompt rows [k * shard_rows, (k + 1) * shard_rows) are all in generated (final:
+    the last, partial one too) and is not written yet, then the manifest. A row generation dropped (no sample)
+    counts as done. Returns the manifest."""
+    if isinstance(shard_rows, bool) or not isinstance(shard_rows, int) or shard_rows < 1:
+        raise ValueError(f"--shard-rows: expected an integer >= 1, got {shard_rows!r}")
+    prompts, out = Path(prompts), Path(out)
+    rows = read_records(prompts)
+    if not rows:
+        raise ValueError(f"--prompts: no rows in {prompts}")
+    recs = _generated(Path(generated), prompts.stem)
+    out.mkdir(parents=True, exist_ok=True)
+    old = json.loads((out / MANIFEST).read_text()) if (out / MANIFEST).is_file() else None
+    if old is not None and old.get("shard_rows") != shard_rows:
+        raise ValueError(f"--shard-rows: {out} was packed with {old.get('shard_rows')} rows a shard, got {shard_rows}")
+    shards = {s["file"]: s for s in (old or {}).get("shards", [])}
+    for k in range(-(-len(rows) // shard_rows)):
+        lo, hi = k * shard_rows, min(len(rows), (k + 1) * shard_rows)
+        name = shard_name(k)
+        if name in shards or (hi - lo < shard_rows and not final):
+            continue
+        if not all(r in recs for r in range(lo, hi)):
+            continue
+        shards[name] = _write(out / name, [(r, recs[r]) for r in range(lo, hi)], (lo, hi), rows)
+    manifest = _manifest(len(rows), shard_rows, [shards[k] for k in sorted(shards)],
+                         {**(old or {}).get("settings", {}), **(settings or {})})
+    write_text_atomic(out / MANIFEST, json.dumps(manifest, indent=2) + "\n")
+    return manifest
+
+
+def _write(path: Path, recs: list[tuple[int, dict]], rows: tuple[int, int], prompts: list[dict]) -> dict:
+    ids, lengths, prompt_lengths, row_of, turns, cut = [], [], [], [], [], []
+    sources: Counter = Counter()
+    answered: Counter = Counter()
+    tokens: Counter = Counter()
+    for row, rec in recs:
+        source = prompts[row].get("source", "prompts")
+        sources[source] += 1
+        for t, s in enumerate(rec["samples"]):
+            p, r = s["prompt_ids"], s["response_ids"]
+            if not r:
+                continue
+            bad = [x for x in p + r if not (isinstance(x, int) and 0 <= x <= MAX_ID)]
+            if bad:
+                raise ValueError(f"--generated: row {row} turn {t + 1} holds token ids that are not in 0..{MAX_ID} "
+                                 f"(e.g. {bad[0]!r})")
+            ids += p + r
+            lengths.append(len(p) + len(r))
+            prompt_lengths.append(len(p))
+            row_of.append(row)
+            turns.append(t)
+            cut.append(s.get("finish") == "length")
+            answered[source] += 1
+            tokens[source] += len(r)
+    arrays = {"ids": np.asarray(ids, np.uint16), "lengths": np.asarray(lengths, np.int32),
+              "prompt_lengths": np.asarray(prompt_lengths, np.int32), "rows": np.asarray(row_of, np.int32),
+              "turns": np.asarray(turns, np.uint8), "cut": np.asarray(cut, bool)}
+    with replacing(path) as tmp:
+        with tmp.open("wb") as f:
+            np.savez_compressed(f, **arrays)
+    return {"file": path.name, "rows": list(rows), "samples": len(lengths),
+            "prompt_tokens": int(sum(prompt_lengths)), "response_tokens": int(sum(lengths) - sum(prompt_lengths)),
+            "cut": int(sum(cut)), "sources": {s: {"conversations": sources[s], "samples": answered[s],
+                                                  "response_tokens": tokens[s]} for s in sorted(sources)},
+            "sha256": hashlib.sha256(path.read_bytes()).hexdigest()}
+
+
+def _manifest(prompts: int, shard_rows: int, shards: list[dict], settings: dict) -> dict:
+    sources: dict[str, Counter] = {}
+    for s in shards:
+        for name, c in s["sources"].items():
+            sources.setdefault(name, Counter()).update(c)
+    return {"format": FORMAT, "prompts": prompts, "shard_rows": shard_rows,
+            "conversations": sum(s["rows"][1] - s["rows"][0] for s in shards),
+            "samples": sum(s["samples"] for s in shards),
+            "prompt_tokens": sum(s["prompt_tokens"] for s in shards),
+            "response_tokens": sum(s["response_tokens"] for s in shards),
+            "cut": sum(s["cut"] for s in shards),
+            "sources": {k: dict(sources[k]) for k in sorted(sources)}, "settings": settings, "shards": shards}
+
+
+def load(corpus: str | Path, verify: bool = True) -> list[tuple[list[int], list[int]]]:
+    """[(prompt ids, response ids)] of every sample of the corpus, in shard order (prompt rows ascending).
+    verify: check each shard's sha256 against the manifest (a corrupt or replaced shard is named)."""
+    corpus = Path(corpus)
+    out = []
+    for s in read_manifest(corpus)["shards"]:
+        path = corpus / s["file"]
+        if not path.is_file():
+            raise ValueError(f"corpus: {path} is missing (the manifest lists it)")
+        if verify and hashlib.sha256(path.read_bytes()).hexdigest() != s["sha256"]:
+            raise ValueError(f"corpus: {path} does not match its sha256 in the manifest")
+        with np.load(path) as z:
+            ids, lengths, plen = z["ids"].astype(np.int64), z["lengths"], z["prompt_lengths"]
+        ends = np.cumsum(lengths)
+        out += [(ids[e - n:e - n + p].tolist(), ids[e - n + p:e].tolist()) for e, n, p in zip(ends, lengths, plen)]
+    return out

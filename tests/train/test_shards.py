@@ -1,0 +1,97 @@
+"""`dcoco data pack`: generated answers packed into uint16 shards of whole prompt-row ranges with a manifest; the
+shards read back exactly, a corrupt shard is named, and generation resumes from what the shards hold."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+
+pytest.importorskip("httpx", reason="dcoco data generate needs httpx")
+pytest.importorskip("transformers", reason="prompt ids need the target's tokenizer")
+
+from helpers.stub_server import Stub  # noqa: E402
+
+from dcoco import cli  # noqa: E402
+from dcoco.train import datagen, shards  # noqa: E402
+from dcoco.testing import tiny  # noqa: E402
+
+PROMPTS = [{"turns": ["the cat"], "source": "a"}, {"turns": ["red sun", "why"], "source": "b"},
+           {"turns": ["blue moon"], "source": "a"}, {"turns": ["one two three"], "source": "b"},
+           {"turns": ["big dog run"], "source": "a"}]
+
+
+@pytest.fixture(scope="module")
+def target_dir(tmp_path_factory):
+    return tiny.save_target(tmp_path_factory.mktemp("target"))
+
+
+@pytest.fixture
+def prompts_file(tmp_path):
+    path = tmp_path / "prompts.jsonl"
+    path.write_text("".join(json.dumps(r) + "\n" for r in PROMPTS))
+    return path
+
+
+def _gen(stub, target_dir, prompts_file, out, *extra):
+    return cli.main(["data", "generate", "--endpoint", stub.url, "--model", "stub", "--target", str(target_dir),
+                     "--input", str(prompts_file), "--out", str(out), "--no-progress", *extra])
+
+
+def _pack(gen, prompts_file, corpus, *extra):
+    return cli.main(["data", "pack", "--generated", str(gen), "--prompts", str(prompts_file), "--out", str(corpus),
+                     "--shard-rows", "2", *extra])
+
+
+def test_pack_whole_ranges_then_final(target_dir, prompts_file, tmp_path):
+    stub, gen, corpus = Stub(spec=False), tmp_path / "gen", tmp_path / "corpus"
+    assert _gen(stub, target_dir, prompts_file, gen, "--limit", "3") == 0  # rows 0-2 answered
+    assert _pack(gen, prompts_file, corpus, "--settings", '{"engine": "stub"}') == 0
+    m = json.loads((corpus / "manifest.json").read_text())
+    assert [s["rows"] for s in m["shards"]] == [[0, 2]] and m["prompts"] == 5 and m["settings"] == {"engine": "stub"}
+    first = (corpus / "shard-00000.npz").read_bytes()
+    assert _gen(stub, target_dir, prompts_file, gen) == 0
+    assert _pack(gen, prompts_file, corpus) == 0
+    assert [s["rows"] for s in json.loads((corpus / "manifest.json").read_text())["shards"]] == [[0, 2], [2, 4]]
+    assert _pack(gen, prompts_file, corpus, "--final") == 0
+    m = json.loads((corpus / "manifest.json").read_text())
+    assert [s["rows"] for s in m["shards"]] == [[0, 2], [2, 4], [4, 5]]
+    assert (corpus / "shard-00000.npz").read_bytes() == first  # a written shard never changes
+    assert m["settings"] == {"engine": "stub"}  # kept from the first pack
+    samples = datagen.load(gen)
+    assert shards.load(corpus) == samples == datagen.load(corpus)  # `dcoco train --data` reads either folder
+    assert m["conversations"] == 5 and m["samples"] == len(samples) == 6
+    assert m["response_tokens"] == sum(len(r) for _, r in samples)
+    assert m["prompt_tokens"] == sum(len(p) for p, _ in samples)
+    assert m["sources"]["a"]["conversations"] == 3 and m["sources"]["b"]["samples"] == 3
+    with np.load(corpus / "shard-00000.npz") as z:
+        assert z["ids"].dtype == np.uint16 and z["rows"].tolist() == [0, 1, 1] and z["turns"].tolist() == [0, 0, 1]
+
+
+def test_resume_from_the_shards_and_corruption(target_dir, prompts_file, tmp_path):
+    stub, corpus = Stub(spec=False), tmp_path / "corpus"
+    assert _gen(stub, target_dir, prompts_file, tmp_path / "gen") == 0
+    assert _pack(tmp_path / "gen", prompts_file, corpus) == 0
+    n = len(stub.log)
+    # another machine: no generated files, only the packed shards
+    assert _gen(stub, target_dir, prompts_file, tmp_path / "gen2", "--skip-packed", str(corpus)) == 0
+    asked = {e["body"]["messages"][-1]["content"] for e in stub.log[n:]}
+    assert asked == {"big dog run"}  # rows 0-3 are packed
+    path = corpus / "shard-00001.npz"
+    path.write_bytes(path.read_bytes()[:-3] + b"xyz")
+    with pytest.raises(ValueError, match="shard-00001.npz does not match its sha256"):
+        shards.load(corpus)
+    with pytest.raises(SystemExit, match="--shard-rows: .* was packed with 2"):
+        cli.main(["data", "pack", "--generated", str(tmp_path / "gen"), "--prompts", str(prompts_file), "--out",
+                  str(corpus), "--shard-rows", "3"])
+
+
+def test_ids_outside_uint16_are_refused(prompts_file, tmp_path):
+    gen = tmp_path / "gen"
+    gen.mkdir()
+    recs = [{"source": "prompts", "row": r, "samples": [{"prompt_ids": [1, 2], "response_ids": [3, 70000 if r else 4],
+                                                         "finish": "stop"}]} for r in range(2)]
+    (gen / "shard-00000-of-00001.jsonl").write_text("".join(json.dumps(r) + "\n" for r in recs))
+    with pytest.raises(SystemExit, match="row 1 turn 1 holds token ids that are not in 0..65535"):
+        _pack(gen, prompts_file, tmp_path / "corpus")
