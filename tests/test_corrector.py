@@ -59,6 +59,40 @@ def test_stale_table_falls_back_with_a_warning():
         m(case.hidden, case.cand_ids, case.cand_logits, other_embed)
 
 
+@pytest.mark.parametrize("replace", ["load_state_dict_assign", "new_parameter", "new_linear"])
+def test_preparing_again_never_writes_into_replaced_parameters(replace):
+    """prepare_inference keeps copies it owns: after the parameters are replaced (an EMA loaded with assign=True,
+    a new nn.Parameter, a new nn.Linear) and the corrector prepared again, the old tensors hold their old values
+    and the drafts are the new weights' drafts."""
+    case = make_case(4, 15, 16, 64, seed=3)
+    m = case.corrector
+    new = make_case(4, 15, 16, 64, seed=4).corrector  # other weights, the same shapes
+    m.prepare_inference(case.embed)
+    old = [w.detach().clone() for w in m.weights()]
+    held = list(m.weights())  # what an optimizer would still hold
+    if replace == "load_state_dict_assign":
+        m.load_state_dict({k: v.clone() for k, v in new.state_dict().items()}, assign=True)
+    elif replace == "new_parameter":
+        for (name, p), q in zip(m.named_parameters(), list(new.parameters())):
+            mod = m.get_submodule(name.rpartition(".")[0])
+            setattr(mod, name.rpartition(".")[2], torch.nn.Parameter(q.detach().clone()))
+    else:  # new Linear layers for the MLP; the other weights copied in place (the caller's own write)
+        for k in (0, 2):
+            lin = torch.nn.Linear(*reversed(m.mlp[k].weight.shape))
+            lin.load_state_dict(new.mlp[k].state_dict())
+            m.mlp[k] = lin
+        with torch.no_grad():
+            for w, v in zip(m.weights()[:6], new.weights()[:6]):
+                w.copy_(v)
+        held, old = held[6:], old[6:]  # the old Linear layers' tensors
+    m.prepare_inference(case.embed)
+    for w, before in zip(held, old):
+        assert torch.equal(w.detach(), before)  # nothing written into tensors the corrector no longer owns
+    want = new(*case.inputs)
+    got = m(*case.inputs)
+    assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1])
+
+
 def test_cuda_available_says_no_here_and_explains():
     info = dcoco.build_info()
     assert dcoco.cuda_available() is (info["cuda_devices"] > 0 and info["built_with_cuda"])

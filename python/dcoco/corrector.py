@@ -183,7 +183,9 @@ class Corrector(nn.Module):
             raise TypeError(f"table_only: expected a bool, got {table_only!r}")
         args = (embed, self.cand_proj.weight, self.fuse_proj.weight)
         table = native.cand_table(*args) if backend.native(embed.device) else torch.ops.dcoco.cand_table(*args)
-        weights = tuple(w.detach().to(torch.float32).contiguous() for w in self.weights())
+        # always copies, never the parameters themselves (.to() of a float32 tensor returns it): a later refill
+        # writes into these, which must not be tensors an optimizer or the caller still holds
+        weights = tuple(w.detach().to(torch.float32, copy=True).contiguous() for w in self.weights())
         if self._prepared is not None and _same_layout((table, *weights), self._prepared[1:2] + self._prepared[2]):
             # prepared before: refill the same tensors, which a captured CUDA graph keeps reading
             old_table, old_weights = self._prepared[1:]

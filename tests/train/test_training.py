@@ -87,6 +87,36 @@ def test_corpus_contents_and_cache_hit(target, target_dir, corpus, monkeypatch):
     assert corpus_mod.corpus_key(model, ids, other) != corpus.path.name
 
 
+def test_corpus_features_resume_after_a_kill(target, target_dir, corpus, tmp_path, monkeypatch):
+    """The features are memory-mapped from hidden.npy and filled batch by batch: a build killed part way resumes at
+    the first batch not recorded, and ends with the same tensors as one uninterrupted build."""
+    tok, model = target
+    ids = corpus_mod.encode_prompts(tok, corpus_mod.load_prompts(target_dir / "prompts.jsonl"))
+    responses = [corpus[i]["ids"][len(p):].tolist() for i, p in enumerate(ids)]
+    settings = corpus_mod.CorpusSettings(TAPS, max_new_tokens=SETTINGS.max_new_tokens, feat_batch=1)
+    calls, forward = [], type(model).forward
+
+    def dies_at_the_70th(self, *a, **kw):  # batches are recorded as done every 64: 64 are on disk
+        calls.append(1)
+        if len(calls) == 70:
+            raise KeyboardInterrupt
+        return forward(self, *a, **kw)
+
+    many = ids * 8  # 80 one-sequence batches
+    monkeypatch.setattr(type(model), "forward", dies_at_the_70th)
+    with pytest.raises(KeyboardInterrupt):
+        corpus_mod.build_corpus(model, many, tmp_path, settings, progress=False, responses=responses * 8)
+    (partial,) = tmp_path.glob("*.partial")
+    assert json.loads((partial / "progress.json").read_text())["batches"] == 64
+    calls.clear()
+    c = corpus_mod.build_corpus(model, many, tmp_path, settings, progress=False, responses=responses * 8)
+    assert len(calls) == 80 - 64 and not partial.exists() and isinstance(c.hidden, torch.Tensor)
+    for k in (0, 3, 79):  # a resumed batch and a first-run one match the uninterrupted corpus
+        s, ref = c[k], corpus[k % 10]
+        assert torch.equal(s["ids"], ref["ids"]) and torch.equal(s["labels"], ref["labels"])
+        torch.testing.assert_close(s["hidden"].float(), ref["hidden"].float(), atol=2e-3, rtol=2e-3)
+
+
 def test_shipped_prompts():
     prompts = corpus_mod.load_prompts()
     assert len(prompts) >= 300 and len(set(prompts)) == len(prompts)

@@ -6,19 +6,21 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
+import fcntl
 import json
+import os
 from collections.abc import Sequence
 from importlib import resources
 from pathlib import Path
 
+import numpy as np
 import torch
 from safetensors.torch import load_file, save_file
 from tqdm import tqdm
 
-from ..files import replacing
 from ..jsonl import read_lines
 
-FORMAT = 1  # bump when the stored layout or its meaning changes: old caches then miss
+FORMAT = 2  # bump when the stored layout or its meaning changes: old caches then miss
 FP16_MAX = 65504.0
 
 
@@ -84,13 +86,16 @@ class CorpusSettings:
 class Corpus:
     """Packed sequences: ids (T,), hidden (T,F) fp16 (the target features at layer_ids, concatenated),
     labels (T,) with labels[t] = the target's argmax after tokens < t (labels[0] = ids[0]), response (T,)
-    bool (generated tokens, up to and including the first eos), offsets (N+1,)."""
+    bool (generated tokens, up to and including the first eos), offsets (N+1,). hidden is memory-mapped from
+    hidden.npy (F * 2 bytes a token: 3,456 at SmolLM2's three taps), so a corpus larger than memory trains."""
 
     def __init__(self, path: str | Path):
         self.path = Path(path)
         self.meta = json.loads((self.path / "meta.json").read_text())
-        t = load_file(str(self.path / "corpus.safetensors"))
-        self.ids, self.hidden, self.labels, self.response = t["ids"], t["hidden"], t["labels"], t["response"]
+        t = load_file(str(self.path / "tokens.safetensors"))
+        self.ids, self.labels, self.response = t["ids"], t["labels"], t["response"]
+        # copy-on-write: pages are read on use and never written back
+        self.hidden = torch.from_numpy(np.load(self.path / "hidden.npy", mmap_mode="c"))
         self.offsets = t["offsets"].tolist()
 
     def __len__(self) -> int:
@@ -171,13 +176,18 @@ def build_corpus(model: torch.nn.Module, prompt_ids: Sequence[Sequence[int]], ca
         seqs = generate(model, prompt_ids, settings, eos, progress)
     else:
         seqs = [(list(p), list(r)) for p, r in zip(prompt_ids, responses)]
-    with replacing(path, keep_existing=True) as tmp:  # another process may finish first; its result is the same
-        tmp.mkdir(parents=True, exist_ok=True)
-        save_file(_features(model, seqs, settings, progress), str(tmp / "corpus.safetensors"))
-        meta = {"format": FORMAT, "settings": dataclasses.asdict(settings), "sequences": len(seqs),
-                "tokens": sum(len(p) + len(r) for p, r in seqs), "response_tokens": sum(len(r) for _, r in seqs),
-                "target": getattr(model.config, "_name_or_path", "") or type(model).__name__}
-        (tmp / "meta.json").write_text(json.dumps(meta, indent=2) + "\n")
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with (path.parent / f"{path.name}.lock").open("w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # one builder at a time; the others then find its result
+        if not (path / "meta.json").is_file():
+            partial = path.with_name(path.name + ".partial")  # an interrupted build resumes here
+            _features(model, seqs, settings, partial, progress)
+            meta = {"format": FORMAT, "settings": dataclasses.asdict(settings), "sequences": len(seqs),
+                    "tokens": sum(len(p) + len(r) for p, r in seqs),
+                    "response_tokens": sum(len(r) for _, r in seqs),
+                    "target": getattr(model.config, "_name_or_path", "") or type(model).__name__}
+            (partial / "meta.json").write_text(json.dumps(meta, indent=2) + "\n")
+            os.replace(partial, path)
     return Corpus(path)
 
 
@@ -204,13 +214,31 @@ def generate(model, prompt_ids, s: CorpusSettings, eos: list[int], progress: boo
 
 
 @torch.no_grad()
-def _features(model, seqs, s: CorpusSettings, progress: bool) -> dict[str, torch.Tensor]:
+def _features(model, seqs, s: CorpusSettings, out: Path, progress: bool) -> None:
+    """Writes out/tokens.safetensors and out/hidden.npy (memory-mapped, filled batch by batch: a rerun after a kill
+    resumes at the first batch not recorded in out/progress.json)."""
     dev = next(model.parameters()).device
     full = [p + r for p, r in seqs]
-    hidden: list = [None] * len(full)
-    labels: list = [None] * len(full)
+    lengths = [len(f) for f in full]
+    offsets = [0, *torch.tensor(lengths).cumsum(0).tolist()]
+    width = len(s.layer_ids) * model.config.hidden_size
+    out.mkdir(parents=True, exist_ok=True)
+    state = json.loads((out / "progress.json").read_text()) if (out / "progress.json").is_file() else None
+    shape = (offsets[-1], width)
+    if state is None or state.get("shape") != list(shape):
+        state = {"shape": list(shape), "batches": 0}
+        hidden = np.lib.format.open_memmap(out / "hidden.npy", mode="w+", dtype=np.float16, shape=shape)
+        labels = np.lib.format.open_memmap(out / "labels.npy", mode="w+", dtype=np.int64, shape=(shape[0],))
+    else:
+        hidden = np.load(out / "hidden.npy", mmap_mode="r+")
+        labels = np.load(out / "labels.npy", mmap_mode="r+")
     order = sorted(range(len(full)), key=lambda i: len(full[i]))
-    for start in tqdm(range(0, len(order), s.feat_batch), desc="features", disable=not progress):
+    starts = range(0, len(order), s.feat_batch)
+    bar = tqdm(total=offsets[-1], desc="features", unit="tok", unit_scale=True, disable=not progress,
+               initial=sum(lengths[i] for i in order[:state["batches"] * s.feat_batch]))
+    for b, start in enumerate(starts):
+        if b < state["batches"]:
+            continue
         idx = order[start:start + s.feat_batch]
         L = max(len(full[i]) for i in idx)
         x = torch.tensor([full[i] + [0] * (L - len(full[i])) for i in idx], device=dev)
@@ -220,11 +248,20 @@ def _features(model, seqs, s: CorpusSettings, progress: bool) -> dict[str, torch
         f = torch.cat([o.hidden_states[i + 1] for i in s.layer_ids], -1).clamp(-FP16_MAX, FP16_MAX).half().cpu()
         arg = o.logits.argmax(-1).cpu()
         for j, i in enumerate(idx):
-            n = len(full[i])
-            hidden[i] = f[j, :n]
-            labels[i] = torch.cat([x[j, :1].cpu(), arg[j, :n - 1]])
-    lengths = [len(f) for f in full]
+            n, a = len(full[i]), offsets[i]
+            hidden[a:a + n] = f[j, :n].numpy()
+            labels[a:a + n] = torch.cat([x[j, :1].cpu(), arg[j, :n - 1]]).numpy()
+        bar.update(sum(lengths[i] for i in idx))
+        if b % 64 == 63 or b == len(starts) - 1:  # what is recorded as done is on disk
+            hidden.flush()
+            labels.flush()
+            state["batches"] = b + 1
+            (out / "progress.json").write_text(json.dumps(state))
+    bar.close()
     response = [torch.arange(len(f)) >= len(p) for f, (p, _) in zip(full, seqs)]
-    return {"ids": torch.tensor([t for f in full for t in f], dtype=torch.int64),
-            "hidden": torch.cat(hidden).contiguous(), "labels": torch.cat(labels).contiguous(),
-            "response": torch.cat(response), "offsets": torch.tensor([0, *torch.tensor(lengths).cumsum(0).tolist()])}
+    save_file({"ids": torch.tensor([t for f in full for t in f], dtype=torch.int64),
+               "labels": torch.from_numpy(np.array(labels)), "response": torch.cat(response),
+               "offsets": torch.tensor(offsets)}, str(out / "tokens.safetensors"))
+    del hidden, labels
+    (out / "labels.npy").unlink()
+    (out / "progress.json").unlink()
