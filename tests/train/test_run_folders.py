@@ -119,3 +119,37 @@ def test_an_edited_single_stage_recipe_is_refused_not_restarted(tiny_dirs, tmp_p
     capsys.readouterr()
     assert cli.main(["train", "--config", str(r), "--no-progress"]) == 0  # interrupted, same settings: resumed
     assert "resumed" in capsys.readouterr().out and _steps(out) == [1, 2, 3]
+
+
+def _holder(out: Path):
+    """Another process holding out's run lock (as a running `dcoco train` does) until its stdin closes."""
+    import subprocess
+    import sys
+
+    code = ("import sys; from dcoco.train.runs import RunLock; lock = RunLock(sys.argv[1]).acquire(); print('held', "
+            "flush=True); sys.stdin.read()")
+    p = subprocess.Popen([sys.executable, "-c", code, str(out)], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                         text=True)
+    assert p.stdout.readline().strip() == "held"
+    return p
+
+
+def test_a_second_writer_is_refused_and_a_dead_ones_lock_never_blocks(tiny_dirs, tmp_path):
+    out = tmp_path / "run"
+    assert _train(tiny_dirs, out, "--mode", "drafter", "--steps", "4", "--stop-at", "2") == 0
+    files = lambda: {f.name: f.read_bytes() for f in out.iterdir() if f.is_file() and f.name != ".lock"}  # noqa: E731
+    before = files()
+    holder = _holder(out)
+    try:
+        for extra in (["--resume"], ["--overwrite"]):
+            with pytest.raises(SystemExit) as e:
+                _train(tiny_dirs, out, "--mode", "drafter", "--steps", "4", *extra)
+            msg = str(e.value)
+            assert msg == f"dcoco train: out: {out} is in use by another run (pid {holder.pid}); wait for it to end " \
+                          f"or pass another out"
+        assert files() == before  # nothing of the first run changed
+    finally:
+        holder.kill()  # killed, not closed: the OS drops its lock all the same
+        holder.wait()
+    assert _train(tiny_dirs, out, "--mode", "drafter", "--steps", "4", "--resume") == 0
+    assert _steps(out) == [1, 2, 3, 4]

@@ -273,8 +273,9 @@ def _minhash(ws: Sequence[str]):
 def build(candidates: Iterable[dict], out: str | Path, contamination: Contamination,
           progress: bool = True) -> dict:
     """Writes out/prompts.jsonl: the rows already there, then every candidate ({"turns", "source"}; "generated":
-    true for the model's own queries, which alone are checked for degenerate text) that passes the filters, is no duplicate of a kept row and shares no 13-gram with an evaluated row; out/prompts.json: the
-    counts (kept per source, dropped per reason). Returns that summary."""
+    true for the model's own queries, which alone are checked for degenerate text) that passes the filters, is no
+    duplicate of a kept row and shares no 13-gram with an evaluated row; out/prompts.json: the counts (kept per
+    source, dropped per reason). Returns that summary."""
     from datasketch import MinHashLSH
 
     out = Path(out)

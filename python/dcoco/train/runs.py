@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import fcntl
 import json
 import os
 import random
@@ -114,6 +115,49 @@ def saved_progress(out: str | Path) -> tuple[int, int] | None:
         return None
     state = torch.load(path, map_location="cpu", weights_only=False, mmap=True)  # mmap: weights are not read
     return state["step"], state["total"]
+
+
+LOCK = ".lock"  # held by the process that writes the run (fcntl.flock; the OS drops it when that process dies)
+
+
+class RunLock:
+    """One writer per run folder: an exclusive advisory lock on out/.lock, held from before the run looks at the
+    folder until it has written its last checkpoint. A second run into the folder is refused at once, naming the
+    holder's pid; a killed holder never blocks (its lock goes with it)."""
+
+    def __init__(self, out: str | Path):
+        self.out, self._file = Path(out), None
+
+    def acquire(self) -> RunLock:
+        if self.out.exists() and not self.out.is_dir():
+            raise ValueError(f"out: {self.out} is a file; expected a folder for the run")
+        self.out.mkdir(parents=True, exist_ok=True)
+        f = open(self.out / LOCK, "a+")
+        try:
+            fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            f.seek(0)
+            holder = f.read().strip() or "unknown"
+            f.close()
+            raise ValueError(f"out: {self.out} is in use by another run (pid {holder}); wait for it to end or pass "
+                             f"another out") from None
+        f.seek(0)
+        f.truncate()
+        f.write(f"{os.getpid()}\n")
+        f.flush()
+        self._file = f
+        return self
+
+    def release(self) -> None:
+        if self._file is not None:
+            self._file.close()  # closing drops the lock
+            self._file = None
+
+    def __enter__(self) -> RunLock:
+        return self.acquire()
+
+    def __exit__(self, *exc) -> None:
+        self.release()
 
 
 def run_files(out: str | Path) -> list[str]:

@@ -24,7 +24,7 @@ from .config import TrainConfig
 from .distributed import init_distributed, resolve_device
 from .objective import Objective, _tau
 from .optim import warmup_cosine
-from .runs import Saver, fresh, log_eval, log_step, resume, run_differences, run_files, saved_progress
+from .runs import RunLock, Saver, fresh, log_eval, log_step, resume, run_differences, run_files, saved_progress
 
 # the names users and tests import from here, wherever they live now
 __all__ = ["Objective", "Schedule", "TrainConfig", "TrainResult", "_tau", "collate", "frequent_tokens",
@@ -77,39 +77,46 @@ def train(cfg: TrainConfig, corpus: Corpus | TokenCorpus, embed: torch.Tensor, h
     opt = torch.optim.AdamW([p for p in objective.parameters() if p.requires_grad], lr=cfg.lr, weight_decay=0.0)
     lr_sched = warmup_cosine(opt, int(cfg.warmup * total), total)
     out = Path(cfg.out)
-    start = resume(out, cfg, total, world, objective, opt, lr_sched) if cfg.resume else fresh(out, cfg, rank, world)
-    model = objective
-    if world > 1:
-        model = nn.parallel.DistributedDataParallel(objective, device_ids=[dev.index] if dev.type == "cuda" else None,
-                                                    gradient_as_bucket_view=True)  # no second copy of the gradients
+    lock = RunLock(out).acquire() if rank == 0 else None  # one writer per run folder
+    try:
+        start = (resume(out, cfg, total, world, objective, opt, lr_sched) if cfg.resume
+                 else fresh(out, cfg, rank, world))
+        model = objective
+        if world > 1:
+            model = nn.parallel.DistributedDataParallel(
+                objective, device_ids=[dev.index] if dev.type == "cuda" else None,
+                gradient_as_bucket_view=True)  # no second copy of the gradients
 
-    history, t0, step, end = [], time.monotonic(), start, min(total, cfg.stop_at or total)
-    saver = Saver()
-    bar = tqdm(total=total, initial=start, desc=f"train {cfg.mode}", disable=rank != 0 or not progress)
-    while step < end:
-        t_step = time.monotonic()
-        res = _step(model, objective, opt, sched, step, embed, head, dev, target, world)
-        lr = opt.param_groups[0]["lr"]
-        opt.step()
-        lr_sched.step()
-        step += 1
-        rec = _record(res, step, lr, cfg.max_time is not None and time.monotonic() - t0 > cfg.max_time, world, dev)
-        stop = rec.pop("stop")
-        rec["seconds"] = time.monotonic() - t_step  # this rank's wall time for the step, features included
-        history.append(rec)
-        if rank == 0:
-            log_step(out, rec, bar, history, cfg.log_every)
-        if cfg.eval_sequences and (step % (cfg.eval_every or cfg.save_every) == 0 or step == end or stop):
-            ev = _evaluate(objective, sched, embed, head, step, world, dev, target)
+        history, t0, step, end = [], time.monotonic(), start, min(total, cfg.stop_at or total)
+        saver = Saver()
+        bar = tqdm(total=total, initial=start, desc=f"train {cfg.mode}", disable=rank != 0 or not progress)
+        while step < end:
+            t_step = time.monotonic()
+            res = _step(model, objective, opt, sched, step, embed, head, dev, target, world)
+            lr = opt.param_groups[0]["lr"]
+            opt.step()
+            lr_sched.step()
+            step += 1
+            rec = _record(res, step, lr, cfg.max_time is not None and time.monotonic() - t0 > cfg.max_time, world, dev)
+            stop = rec.pop("stop")
+            rec["seconds"] = time.monotonic() - t_step  # this rank's wall time for the step, features included
+            history.append(rec)
             if rank == 0:
-                log_eval(out, ev, bar)
-        if rank == 0:
-            if step % cfg.save_every == 0 or step == end or stop:
-                saver.save(out, cfg, step, total, world, objective, opt, lr_sched)
-        if stop:
-            break
-    bar.close()
-    saver.wait()
+                log_step(out, rec, bar, history, cfg.log_every)
+            if cfg.eval_sequences and (step % (cfg.eval_every or cfg.save_every) == 0 or step == end or stop):
+                ev = _evaluate(objective, sched, embed, head, step, world, dev, target)
+                if rank == 0:
+                    log_eval(out, ev, bar)
+            if rank == 0:
+                if step % cfg.save_every == 0 or step == end or stop:
+                    saver.save(out, cfg, step, total, world, objective, opt, lr_sched)
+            if stop:
+                break
+        bar.close()
+        saver.wait()
+    finally:
+        if lock is not None:
+            lock.release()
     return TrainResult(drafter, corrector, step, history)
 
 
