@@ -7,7 +7,7 @@
 # python/dcoco/data/smollm2-corpus as they grow; a new machine carries on from them.
 #
 #   bash scripts/grow_corpus.sh              # QUERIES=8000 CONCURRENCY=96 PACK_EVERY=600 (seconds)
-#   FINAL=1 bash scripts/grow_corpus.sh      # at the end: also pack the last, partial shard
+#   FLUSH=1 bash scripts/grow_corpus.sh      # also pack the answered rows that do not fill a shard
 set -euo pipefail
 cd "$(dirname "$0")/.."
 WORK=${WORK:-${DCOCO_CACHE:-$HOME/.cache/dcoco}/corpus-build}
@@ -52,4 +52,4 @@ while kill -0 "$generate" 2>/dev/null; do
   pack >/dev/null || true
 done
 wait "$generate"
-pack ${FINAL:+--final}
+pack ${FLUSH:+--flush}

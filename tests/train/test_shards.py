@@ -1,4 +1,4 @@
-"""`dcoco data pack`: generated answers packed into uint16 shards of whole prompt-row ranges with a manifest; the
+"""`dcoco data pack`: generated answers packed into uint16 shards of consecutive prompt rows with a manifest; the
 shards read back exactly, a corrupt shard is named, and generation resumes from what the shards hold."""
 
 from __future__ import annotations
@@ -44,19 +44,20 @@ def _pack(gen, prompts_file, corpus, *extra):
                      "--shard-rows", "2", *extra])
 
 
-def test_pack_whole_ranges_then_final(target_dir, prompts_file, tmp_path):
+def test_pack_consecutive_rows_then_flush(target_dir, prompts_file, tmp_path):
     stub, gen, corpus = Stub(spec=False), tmp_path / "gen", tmp_path / "corpus"
-    assert _gen(stub, target_dir, prompts_file, gen, "--limit", "3") == 0  # rows 0-2 answered
+    assert _gen(stub, target_dir, prompts_file, gen, "--limit", "3") == 0  # rows 0-2 answered: one full shard
     assert _pack(gen, prompts_file, corpus, "--settings", '{"engine": "stub"}') == 0
     m = json.loads((corpus / "manifest.json").read_text())
     assert [s["rows"] for s in m["shards"]] == [[0, 2]] and m["prompts"] == 5 and m["settings"] == {"engine": "stub"}
     first = (corpus / "shard-00000.npz").read_bytes()
+    assert _pack(gen, prompts_file, corpus, "--flush") == 0  # a run stopping now: row 2 alone
+    assert [s["rows"] for s in json.loads((corpus / "manifest.json").read_text())["shards"]] == [[0, 2], [2, 3]]
     assert _gen(stub, target_dir, prompts_file, gen) == 0
     assert _pack(gen, prompts_file, corpus) == 0
-    assert [s["rows"] for s in json.loads((corpus / "manifest.json").read_text())["shards"]] == [[0, 2], [2, 4]]
-    assert _pack(gen, prompts_file, corpus, "--final") == 0
+    assert _pack(gen, prompts_file, corpus, "--flush") == 0  # nothing left to flush
     m = json.loads((corpus / "manifest.json").read_text())
-    assert [s["rows"] for s in m["shards"]] == [[0, 2], [2, 4], [4, 5]]
+    assert [s["rows"] for s in m["shards"]] == [[0, 2], [2, 3], [3, 5]]
     assert (corpus / "shard-00000.npz").read_bytes() == first  # a written shard never changes
     assert m["settings"] == {"engine": "stub"}  # kept from the first pack
     samples = datagen.load(gen)
@@ -67,6 +68,7 @@ def test_pack_whole_ranges_then_final(target_dir, prompts_file, tmp_path):
     assert m["sources"]["a"]["conversations"] == 3 and m["sources"]["b"]["samples"] == 3
     with np.load(corpus / "shard-00000.npz") as z:
         assert z["ids"].dtype == np.uint16 and z["rows"].tolist() == [0, 1, 1] and z["turns"].tolist() == [0, 0, 1]
+    assert [p for p, _ in samples] == [p for p, _ in datagen.load(gen)]
 
 
 def test_resume_from_the_shards_and_corruption(target_dir, prompts_file, tmp_path):
@@ -77,14 +79,11 @@ def test_resume_from_the_shards_and_corruption(target_dir, prompts_file, tmp_pat
     # another machine: no generated files, only the packed shards
     assert _gen(stub, target_dir, prompts_file, tmp_path / "gen2", "--skip-packed", str(corpus)) == 0
     asked = {e["body"]["messages"][-1]["content"] for e in stub.log[n:]}
-    assert asked == {"big dog run"}  # rows 0-3 are packed
+    assert asked == {"big dog run"}  # rows 0-3 are packed, row 4 does not fill a shard
     path = corpus / "shard-00001.npz"
     path.write_bytes(path.read_bytes()[:-3] + b"xyz")
     with pytest.raises(ValueError, match="shard-00001.npz does not match its sha256"):
         shards.load(corpus)
-    with pytest.raises(SystemExit, match="--shard-rows: .* was packed with 2"):
-        cli.main(["data", "pack", "--generated", str(tmp_path / "gen"), "--prompts", str(prompts_file), "--out",
-                  str(corpus), "--shard-rows", "3"])
 
 
 def test_ids_outside_uint16_are_refused(prompts_file, tmp_path):

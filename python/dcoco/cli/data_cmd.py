@@ -58,7 +58,8 @@ def _pack_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--prompts", required=True, help="the prompts.jsonl it answered (sources, prompt count)")
     p.add_argument("--out", required=True, help="the corpus folder: shard-<k>.npz and manifest.json")
     p.add_argument("--shard-rows", type=int, default=500, help="prompt rows per shard (%(default)s)")
-    p.add_argument("--final", action="store_true", help="also pack the last, partial shard")
+    p.add_argument("--flush", action="store_true",
+                   help="also pack the answered rows that do not fill a shard (before a run stops for good)")
     p.add_argument("--settings", type=json.loads, default={},
                    help="how the answers were made, as JSON (engine, dtype, max tokens), kept in the manifest")
 
@@ -128,7 +129,7 @@ def _pack(args: argparse.Namespace) -> int:
     from ..train import shards
 
     with exits("dcoco data pack"):
-        m = shards.pack(args.generated, args.prompts, args.out, args.shard_rows, args.final, args.settings)
+        m = shards.pack(args.generated, args.prompts, args.out, args.shard_rows, args.flush, args.settings)
     print(f"dcoco data pack: {len(m['shards'])} shards, {m['conversations']} conversations of {m['prompts']} "
           f"prompts, {m['samples']} samples, {m['response_tokens']} response tokens -> {args.out}")
     return 0

@@ -1,7 +1,7 @@
-"""A token-id corpus packed for shipping: `dcoco data generate`'s answers as compressed uint16 shards of a fixed
-range of prompt rows, with a manifest. A shard is written once its rows are all answered, and never changes
-after, so a corpus grows shard by shard (each can be committed as it lands) and a generation run on another
-machine resumes from the rows the shards hold (`dcoco data generate --skip-packed`).
+"""A token-id corpus packed for shipping: `dcoco data generate`'s answers as compressed uint16 shards of
+consecutive prompt rows, with a manifest. Each shard holds the rows that follow the last one, written once they
+are all answered, and never changes after: a corpus grows shard by shard (each can be committed as it lands), and
+a generation run on another machine resumes from the rows the shards hold (`dcoco data generate --skip-packed`).
 
     <corpus>/manifest.json        {"format", "prompts", "conversations", "samples", "prompt_tokens",
                                    "response_tokens", "sources": {source: {conversations, samples,
@@ -61,10 +61,11 @@ def _generated(folder: Path, source: str) -> dict[int, dict]:
 
 
 def pack(generated: str | Path, prompts: str | Path, out: str | Path, shard_rows: int = 500,
-         final: bool = False, settings: dict | None = None) -> dict:
-    """Writes every shard whose prompt rows [k * shard_rows, (k + 1) * shard_rows) are all in generated (final:
-    the last, partial one too) and is not written yet, then the manifest. A row generation dropped (no sample)
-    counts as done. Returns the manifest."""
+         flush: bool = False, settings: dict | None = None) -> dict:
+    """Packs the prompt rows answered in generated that follow the last shard without a gap: a new shard for
+    every shard_rows of them, and with flush the rest too (a shorter shard: what a run that stops now leaves
+    answered). A row generation dropped (no sample) counts as answered. Shards already written are kept as they
+    are; the manifest is rewritten. Returns it."""
     if isinstance(shard_rows, bool) or not isinstance(shard_rows, int) or shard_rows < 1:
         raise ValueError(f"--shard-rows: expected an integer >= 1, got {shard_rows!r}")
     prompts, out = Path(prompts), Path(out)
@@ -73,20 +74,17 @@ def pack(generated: str | Path, prompts: str | Path, out: str | Path, shard_rows
         raise ValueError(f"--prompts: no rows in {prompts}")
     recs = _generated(Path(generated), prompts.stem)
     out.mkdir(parents=True, exist_ok=True)
-    old = json.loads((out / MANIFEST).read_text()) if (out / MANIFEST).is_file() else None
-    if old is not None and old.get("shard_rows") != shard_rows:
-        raise ValueError(f"--shard-rows: {out} was packed with {old.get('shard_rows')} rows a shard, got {shard_rows}")
-    shards = {s["file"]: s for s in (old or {}).get("shards", [])}
-    for k in range(-(-len(rows) // shard_rows)):
-        lo, hi = k * shard_rows, min(len(rows), (k + 1) * shard_rows)
-        name = shard_name(k)
-        if name in shards or (hi - lo < shard_rows and not final):
-            continue
-        if not all(r in recs for r in range(lo, hi)):
-            continue
-        shards[name] = _write(out / name, [(r, recs[r]) for r in range(lo, hi)], (lo, hi), rows)
-    manifest = _manifest(len(rows), shard_rows, [shards[k] for k in sorted(shards)],
-                         {**(old or {}).get("settings", {}), **(settings or {})})
+    old = read_manifest(out) if (out / MANIFEST).is_file() else {}
+    shards = list(old.get("shards", []))
+    lo = shards[-1]["rows"][1] if shards else 0
+    hi = lo
+    while hi < len(rows) and hi in recs:
+        hi += 1
+    while hi - lo >= shard_rows or (flush and hi > lo):
+        end = min(hi, lo + shard_rows)
+        shards.append(_write(out / shard_name(len(shards)), [(r, recs[r]) for r in range(lo, end)], (lo, end), rows))
+        lo = end
+    manifest = _manifest(len(rows), shards, {**old.get("settings", {}), **(settings or {})})
     write_text_atomic(out / MANIFEST, json.dumps(manifest, indent=2) + "\n")
     return manifest
 
@@ -128,12 +126,12 @@ def _write(path: Path, recs: list[tuple[int, dict]], rows: tuple[int, int], prom
             "sha256": hashlib.sha256(path.read_bytes()).hexdigest()}
 
 
-def _manifest(prompts: int, shard_rows: int, shards: list[dict], settings: dict) -> dict:
+def _manifest(prompts: int, shards: list[dict], settings: dict) -> dict:
     sources: dict[str, Counter] = {}
     for s in shards:
         for name, c in s["sources"].items():
             sources.setdefault(name, Counter()).update(c)
-    return {"format": FORMAT, "prompts": prompts, "shard_rows": shard_rows,
+    return {"format": FORMAT, "prompts": prompts,
             "conversations": sum(s["rows"][1] - s["rows"][0] for s in shards),
             "samples": sum(s["samples"] for s in shards),
             "prompt_tokens": sum(s["prompt_tokens"] for s in shards),
