@@ -24,7 +24,8 @@ class Stub:
     """A chat-completions server: the answer to a prompt has 3 + len(prompt) % 5 tokens and takes `per_token`
     seconds per token (raw completions: `completion`, by default a question drawn from the request's seed); each
     chat request advances the spec-decode counters (split over two engines) by drafts = tokens,
-    accepted = tokens + len(prompt) % 3, logged per request. fail: {prompt substring: "500" | "hang" | "drop"}."""
+    accepted = tokens + len(prompt) % 3, logged per request. fail: {prompt substring: "500" | "hang" | "drop" | a bad
+    answer: "bad_ids" | "empty" | "null" | "bad_prompt_ids", or "once:" and one of those for the first answer only}."""
 
     def __init__(self, spec: bool = True, per_token: float = 0.002):
         self.spec, self.per_token, self.fail = spec, per_token, {}
@@ -89,11 +90,21 @@ class Stub:
                     answer = f"answer {len(stub.log)} to <{prompt[:24]}>"
                     stub.log.append({"body": body, "tokens": n, "drafts": d, "accepted": a, "answer": answer})
                 choice = {"index": 0, "message": {"role": "assistant", "content": answer}, "finish_reason": "length"}
+                data = {"choices": [choice], "usage": {"prompt_tokens": len(prompt), "completion_tokens": n}}
                 if body.get("return_token_ids"):  # as vLLM does
                     choice["token_ids"] = [7 + (len(prompt) + i) % 50 for i in range(n)]
-                self._send(200, json.dumps({
-                    "choices": [choice],
-                    "usage": {"prompt_tokens": len(prompt), "completion_tokens": n}}).encode())
+                if mode and mode.startswith("once:"):  # a bad answer the first time only
+                    del stub.fail[next(s for s, m in stub.fail.items() if m == mode)]
+                    mode = mode[5:]
+                if mode == "bad_ids":
+                    choice["token_ids"] = [3, -1, 10 ** 6]
+                elif mode == "empty":
+                    choice["token_ids"], choice["message"]["content"] = [], ""
+                elif mode == "null":
+                    choice["token_ids"], choice["message"]["content"] = None, None
+                elif mode == "bad_prompt_ids":
+                    data["prompt_token_ids"] = [5, 6]
+                self._send(200, json.dumps(data).encode())
 
             def _complete(self, body):
                 """A raw completion (dcoco data prompts): stub.completion(body) -> (text, finish_reason), or an

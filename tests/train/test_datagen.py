@@ -90,6 +90,32 @@ def test_retokenize_shards_resume_and_retry(target_dir, chats, tmp_path, capsys)
     assert "already there" in capsys.readouterr().out
 
 
+def test_bad_answers_are_retried_once_then_rejected(target_dir, chats, tmp_path, capsys):
+    """Every answer is validated before it is written: ids in the vocabulary, the prompt ids this tokenizer's
+    template gives, a non-empty answer. A bad one is asked again once; bad twice, it goes to the rejects file with
+    its reason and the conversation keeps the turns before it."""
+    stub = Stub(spec=False)
+    stub.fail = {"the cat": "bad_ids", "red sun": "once:bad_ids", "blue moon": "empty",
+                 "one two three": "bad_prompt_ids"}
+    out = tmp_path / "out"
+    assert _gen(stub, target_dir, chats, out) == 0
+    summary = capsys.readouterr().out
+    assert "3 answers rejected (reasons in" in summary
+    recs = {r["row"]: r for r in map(json.loads, (out / "shard-00000-of-00001.jsonl").read_text().splitlines())}
+    assert recs[0]["samples"] == [] and recs[2]["samples"] == [] and recs[3]["samples"] == []
+    assert len(recs[1]["samples"]) == 2  # "red sun" was good the second time
+    rejects = [json.loads(x) for x in (out / "rejects-00000-of-00001.jsonl").read_text().splitlines()]
+    reasons = {r["row"]: r["reason"] for r in rejects}
+    vocab = len(AutoTokenizer.from_pretrained(target_dir))
+    assert reasons[0] == f"token_ids holds -1, not a token id in 0..{vocab - 1}"
+    assert reasons[2].startswith("an empty answer") and reasons[3].startswith("the server's prompt ids differ")
+    asked = [e["body"]["messages"][-1]["content"] for e in stub.log]
+    assert asked.count("the cat") == 2 and asked.count("red sun") == 2 and asked.count("why") == 1
+    stub.fail = {"one two three": "null"}
+    assert _gen(stub, target_dir, chats, tmp_path / "again") == 0
+    assert "an empty answer" in (tmp_path / "again" / "rejects-00000-of-00001.jsonl").read_text()  # null ids, text
+
+
 def test_train_on_generated_data(target_dir, chats, tmp_path):
     stub = Stub(spec=False)
     for k in range(3):  # enough conversations for a step
@@ -106,6 +132,8 @@ def test_bad_arguments(target_dir, chats, tmp_path):
     stub = Stub(spec=False)
     with pytest.raises(SystemExit, match="--shard"):
         _gen(stub, target_dir, chats, tmp_path / "o", "--shard", "2", "--num-shards", "2")
+    with pytest.raises(SystemExit, match="--limit: expected an integer >= 0, got -1"):
+        _gen(stub, target_dir, chats, tmp_path / "o", "--limit", "-1")
     with pytest.raises(SystemExit, match="does not exist"):
         _gen(stub, target_dir, tmp_path / "nowhere", tmp_path / "o")
     (chats / "bad.jsonl").write_text('{"text": "no chat here"}\n')

@@ -14,8 +14,8 @@ COMMANDS = {  # name: (module, help), in the order `dcoco --help` lists them
     "info": (info_cmd, "how dcoco was built, and the backend each visible device gets and why"),
     "export-smollm2": (export_smollm2_cmd, "write the embedded SmolLM2-135M target as a transformers folder (what "
                                            "vLLM serves)"),
-    "data": (data_cmd, "training data: `dcoco data generate` regenerates answers with the target through a serving "
-                       "engine"),
+    "data": (data_cmd, "training data through a serving engine: `prompts` written by the target itself, the "
+                       "target's answers (`generate`), packed into shards (`pack`)"),
     "export": (export_cmd, "rewrite a serving checkpoint: another dtype, or the drafter alone"),
     "train": (train_cmd, "train a DFlash drafter and/or the corrector (works under torchrun)"),
     "eval": (eval_cmd, "tau, oracle tau, coverage and tokens/s over prompt suites, against target-only decoding in "

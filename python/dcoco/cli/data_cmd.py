@@ -41,8 +41,7 @@ def _prompts_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--timeout", type=float, default=600.0, help="seconds per request (%(default)s)")
     p.add_argument("--input", nargs="*", default=[], help="more chat JSONL files or folders to merge, every row")
     p.add_argument("--no-shipped", action="store_true",
-                   help="leave out the prompts dcoco ships and the suites' training rows (rows from "
-                        "EVAL_ROWS_RESERVED on)")
+                   help="leave out the prompts dcoco ships and the suites' training rows (every row from 32 on)")
     p.add_argument("--no-progress", action="store_true")
 
 
@@ -148,6 +147,6 @@ def _generate(args: argparse.Namespace) -> int:
             skip_packed=args.skip_packed)
         res = datagen.run(tok, cfg, progress=not args.no_progress)
     print(f"dcoco data generate: {res['written']} conversations ({res['samples']} samples) written, "
-          f"{res['skipped']} already there, {res['failed']} failed (rerun to retry), {res['prompt_mismatches']} "
-          f"prompts tokenized differently by the server -> {res['path']}")
+          f"{res['skipped']} already there, {res['failed']} failed (rerun to retry), {res['rejected']} answers "
+          f"rejected" + (f" (reasons in {res['rejects']})" if res["rejected"] else "") + f" -> {res['path']}")
     return 1 if res["failed"] else 0

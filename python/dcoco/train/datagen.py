@@ -138,7 +138,8 @@ class Generator:
         if cfg.server_token_ids:
             self.body["return_token_ids"] = True  # vLLM: the generated ids themselves, no re-tokenizing
         self.eos = [] if tokenizer.eos_token_id is None else [tokenizer.eos_token_id]
-        self.mismatches = 0  # samples whose prompt ids the server tokenized differently
+        self.vocab = len(tokenizer)
+        self.rejected = 0  # answers that failed validation twice (written to the rejects file)
 
     def prompt_ids(self, messages: list[dict]) -> list[int]:
         return list(self.tok.apply_chat_template(messages, add_generation_prompt=True, tokenize=True,
@@ -150,9 +151,29 @@ class Generator:
         ids = self.tok(answer["content"], add_special_tokens=False)["input_ids"]
         return ids + self.eos if answer["finish"] == "stop" else ids  # a stop ended on the end-of-turn token
 
-    async def one(self, client, source: str, row: int, system: str | None, turns: list[str], say) -> dict | None:
+    def invalid(self, answer: dict, prompt_ids: list[int]) -> str | None:
+        """Why a served answer cannot be a training sample (None: it can): ids that are not token ids of this
+        vocabulary, prompt ids other than this tokenizer's chat template gives, or an empty answer."""
+        for key in ("token_ids", "prompt_token_ids"):
+            ids = answer.get(key)
+            if ids is not None and (not isinstance(ids, list) or not all(
+                    isinstance(x, int) and not isinstance(x, bool) and 0 <= x < self.vocab for x in ids)):
+                bad = ids if not isinstance(ids, list) else next(x for x in ids if not (
+                    isinstance(x, int) and not isinstance(x, bool) and 0 <= x < self.vocab))
+                return f"{key} holds {bad!r}, not a token id in 0..{self.vocab - 1}"
+        served = answer.get("prompt_token_ids")
+        if served is not None and served != prompt_ids:  # what the target saw is what its answer follows
+            return (f"the server's prompt ids differ from this tokenizer's chat template ({len(served)} vs "
+                    f"{len(prompt_ids)} tokens)")
+        if not (answer["token_ids"] if answer.get("token_ids") is not None else answer["content"]):
+            return f"an empty answer (finish reason {answer.get('finish')!r})"
+        return None
+
+    async def one(self, client, source: str, row: int, system: str | None, turns: list[str], say,
+                  reject) -> dict | None:
         """The conversation's record (its samples may be fewer than its turns, or none, each cut said), or None
-        when a request failed (not written: a rerun retries it)."""
+        when a request failed (not written: a rerun retries it). An answer that fails validation is asked once
+        more; failing again, it goes to reject(source, row, turn, reason) and the turns before it are kept."""
         messages = [{"role": "system", "content": system}] if system else []
         samples = []
         if not turns:
@@ -164,17 +185,18 @@ class Generator:
                 say(f"{source} row {row}: turn {t + 1}'s prompt has {len(ids)} tokens > --max-prompt-tokens "
                     f"{self.max_prompt}; " + (f"kept turns 1-{t}" if t else "dropped"))
                 break
-            answer = await chat(client, self.base, self.body, messages)
-            if answer["status"] != "ok":
-                say(f"{source} row {row}: turn {t + 1} failed ({answer['error']}); rerun to retry it")
-                return None
-            served = answer.get("prompt_token_ids")
-            if served is not None and list(served) != ids:  # what the target saw is what its answer follows
-                self.mismatches += 1
-                if self.mismatches == 1:
-                    say(f"{source} row {row}: the server's prompt ids differ from this tokenizer's chat template "
-                        f"({len(served)} vs {len(ids)} tokens); keeping the server's (counted in the summary)")
-                ids = list(served)
+            for attempt in (1, 2):
+                answer = await chat(client, self.base, self.body, messages)
+                if answer["status"] != "ok":
+                    say(f"{source} row {row}: turn {t + 1} failed ({answer['error']}); rerun to retry it")
+                    return None
+                why = self.invalid(answer, ids)
+                if why is None:
+                    break
+            if why is not None:
+                self.rejected += 1
+                reject(source, row, t, why)
+                break
             samples.append({"prompt_ids": ids, "response_ids": self.response_ids(answer), "finish": answer["finish"]})
             messages.append({"role": "assistant", "content": answer["content"]})
         return {"source": source, "row": row, "samples": samples}
@@ -182,7 +204,9 @@ class Generator:
 
 def run(tokenizer, cfg: GenerateConfig, progress: bool = True) -> dict:
     """Everything `dcoco data generate` does: this shard's conversations (every num_shards-th, from shard) not yet
-    in cfg.out, cfg.concurrency at a time. Returns {written, failed, skipped, samples, prompt_mismatches, path}."""
+    in cfg.out, cfg.concurrency at a time. Returns {written, failed, skipped, samples, rejected, path, rejects}."""
+    if cfg.limit is not None and (isinstance(cfg.limit, bool) or not isinstance(cfg.limit, int) or cfg.limit < 0):
+        raise ValueError(f"--limit: expected an integer >= 0, got {cfg.limit!r}")
     for name, v, lo in (("--num-shards", cfg.num_shards, 1), ("--concurrency", cfg.concurrency, 1),
                         ("--max-prompt-tokens", cfg.max_prompt_tokens, 1),
                         ("--max-response-tokens", cfg.max_response_tokens, 1)):
@@ -208,21 +232,26 @@ def run(tokenizer, cfg: GenerateConfig, progress: bool = True) -> dict:
         done |= {(s, r) for s, r, *_ in todo if r in packed}
     skipped = sum((s, r) in done for s, r, *_ in todo)
     todo = [c for c in todo if (c[0], c[1]) not in done]
-    counts = asyncio.run(_generate(gen, todo, path, cfg.concurrency, cfg.timeout, progress))
-    return {**counts, "skipped": skipped, "prompt_mismatches": gen.mismatches, "path": str(path)}
+    rejects = out / f"rejects-{cfg.shard:05d}-of-{cfg.num_shards:05d}.jsonl"
+    counts = asyncio.run(_generate(gen, todo, path, rejects, cfg.concurrency, cfg.timeout, progress))
+    return {**counts, "skipped": skipped, "rejected": gen.rejected, "path": str(path), "rejects": str(rejects)}
 
 
-async def _generate(gen: Generator, todo: list[tuple], path: Path, concurrency: int, timeout: float,
-                    progress: bool) -> dict:
+async def _generate(gen: Generator, todo: list[tuple], path: Path, rejects: Path, concurrency: int,
+                    timeout: float, progress: bool) -> dict:
     import httpx
 
     bar = tqdm(total=len(todo), desc="generate", disable=not progress)
     say = bar.write if progress else (lambda m: print(m, file=sys.stderr))
     sem, counts = asyncio.Semaphore(concurrency), {"written": 0, "failed": 0, "samples": 0}
 
+    def reject(source: str, row: int, turn: int, why: str) -> None:
+        append_record(rejects, {"source": source, "row": row, "turn": turn + 1, "reason": why})
+        say(f"{source} row {row}: turn {turn + 1} rejected twice ({why}); kept turns 1-{turn}, reason in {rejects}")
+
     async def one(client, conv):
         async with sem:
-            rec = await gen.one(client, *conv, say)
+            rec = await gen.one(client, *conv, say, reject)
         if rec is None:
             counts["failed"] += 1
         else:
