@@ -97,6 +97,63 @@ def test_an_out_that_is_a_file_is_one_line(saved, tmp_path):
     assert str(e.value).startswith("dcoco export: ") and "\n" not in str(e.value)
 
 
+@pytest.mark.parametrize("fault", ["tensors", "fsync", "swap"])
+def test_a_failed_export_leaves_the_old_checkpoint_loading_bit_for_bit(saved, tmp_path, monkeypatch, fault):
+    """An export over an existing checkpoint that fails at any step (the tensors half written on a full disk, the
+    fsync, the swap) is one line naming the folder, and the old checkpoint is there as it was, nothing beside it."""
+    from dcoco import files
+
+    out = tmp_path / "served"
+    checkpoint.save(out, _drafter(seed=1))  # the checkpoint an export would replace
+    (out / "README.md").write_text("notes")  # not a checkpoint file: kept by any save
+    before = {f.name: f.read_bytes() for f in out.iterdir()}
+    disk_full = OSError(28, "No space left on device")
+    if fault == "tensors":
+        def half_then_full(tensors, path, metadata=None):
+            open(path, "wb").write(b"\0" * 100)
+            raise disk_full
+        monkeypatch.setattr("safetensors.torch.save_file", half_then_full)
+    elif fault == "fsync":
+        monkeypatch.setattr(files, "_fsync_tree", lambda folder: (_ for _ in ()).throw(disk_full))
+    else:
+        monkeypatch.setattr(files, "_exchange", lambda a, b: (_ for _ in ()).throw(disk_full))
+    with pytest.raises(SystemExit) as e:
+        cli.main(["export", str(saved), str(out)])
+    msg = str(e.value)
+    assert msg.startswith(f"dcoco export: OSError: {out}: writing the checkpoint failed") and "\n" not in msg
+    assert {f.name: f.read_bytes() for f in out.iterdir()} == before
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["ck", "served"]  # no temporary left
+    monkeypatch.undo()
+    d, c = checkpoint.load(out)
+    assert c is None and all(torch.equal(a, b) for a, b in zip(d.state_dict().values(),
+                                                               _drafter(seed=1).state_dict().values()))
+    assert cli.main(["export", str(saved), str(out)]) == 0  # the same export, unfaulted, replaces it whole
+    assert checkpoint.load(out)[1] is not None and (out / "README.md").read_text() == "notes"
+
+
+def test_an_export_killed_mid_write_leaves_the_old_checkpoint(saved, tmp_path):
+    import signal
+    import subprocess
+    import sys
+
+    out = tmp_path / "served"
+    checkpoint.save(out, _drafter(seed=1))
+    before = {f.name: f.read_bytes() for f in out.iterdir()}
+    code = ("import sys, time, safetensors.torch as st\n"
+            "def stuck(tensors, path, metadata=None):\n"
+            "    open(path, 'wb').write(b'partial'); print('writing', flush=True); time.sleep(600)\n"
+            "st.save_file = stuck\n"
+            "from dcoco import cli; cli.main(['export', sys.argv[1], sys.argv[2]])\n")
+    p = subprocess.Popen([sys.executable, "-c", code, str(saved), str(out)], stdout=subprocess.PIPE, text=True)
+    assert p.stdout.readline().strip() == "writing"
+    p.send_signal(signal.SIGKILL)
+    p.wait()
+    assert {f.name: f.read_bytes() for f in out.iterdir()} == before
+    d, c = checkpoint.load(out)
+    assert c is None and all(torch.equal(a, b) for a, b in zip(d.state_dict().values(),
+                                                               _drafter(seed=1).state_dict().values()))
+
+
 @pytest.mark.parametrize("made_inside", ["embedding", "corrector", "both"])
 def test_prepare_inference_under_inference_mode(made_inside):
     torch.manual_seed(2)

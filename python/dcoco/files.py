@@ -1,6 +1,7 @@
 """Writes a kill never leaves half done: the content goes to a temporary sibling of the destination, which then
 takes the destination's place in one rename (os.replace). Use replacing() for anything written in steps (a
-safetensors file, a folder), write_text_atomic() for text in one go:
+safetensors file, a folder), write_text_atomic() for text in one go, replacing_folder() for files that must change
+together (a checkpoint's config and tensors):
 
     with replacing(out / "model.safetensors") as tmp:
         save_file(tensors, str(tmp))
@@ -9,6 +10,7 @@ safetensors file, a folder), write_text_atomic() for text in one go:
 from __future__ import annotations
 
 import contextlib
+import errno
 import os
 import shutil
 from collections.abc import Iterator
@@ -45,3 +47,78 @@ def _remove(path: Path) -> None:
         shutil.rmtree(path, ignore_errors=True)
     else:
         path.unlink(missing_ok=True)
+
+
+@contextlib.contextmanager
+def replacing_folder(path: str | os.PathLike, carry=lambda name: False) -> Iterator[Path]:
+    """Yields a new, empty folder beside `path` to write into; when the block ends without an exception, its
+    files are fsynced and it takes `path`'s place in one step (Linux's renameat2 RENAME_EXCHANGE; elsewhere two
+    renames, between which `path` is briefly absent), so readers see the old folder or the new one, never a mix.
+    The old folder's entries that carry(name) accepts and the new one lacks are carried over (files hard-linked
+    before the swap, subfolders moved after it). On an exception the temporary is removed and `path` is left as
+    it was."""
+    path = Path(path)
+    tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
+    _remove(tmp)
+    tmp.mkdir(parents=True)
+    try:
+        yield tmp
+        if path.is_dir():
+            for entry in path.iterdir():
+                if carry(entry.name) and not (tmp / entry.name).exists() and entry.is_file() \
+                        and not entry.is_symlink():
+                    os.link(entry, tmp / entry.name)
+        _fsync_tree(tmp)
+        if not path.exists():
+            os.rename(tmp, path)
+        else:
+            if not path.is_dir():
+                raise NotADirectoryError(f"{path} is a file, not a folder")
+            _exchange(tmp, path)  # tmp now holds the old folder
+            for entry in tmp.iterdir():  # subfolders the new one does not have (files were linked above)
+                if carry(entry.name) and entry.is_dir() and not (path / entry.name).exists():
+                    os.rename(entry, path / entry.name)
+            _remove(tmp)
+        _fsync(path.parent)
+    except BaseException:
+        _remove(tmp)
+        raise
+
+
+def _fsync(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _fsync_tree(folder: Path) -> None:
+    for entry in folder.iterdir():
+        if entry.is_file():
+            _fsync(entry)
+    _fsync(folder)
+
+
+def _exchange(a: Path, b: Path) -> None:
+    """Swaps the two paths atomically where the system can (renameat2 RENAME_EXCHANGE), else b moves aside, a
+    takes its place and the old b ends up at a."""
+    import ctypes
+    import ctypes.util
+
+    try:
+        libc = ctypes.CDLL(ctypes.util.find_library("c"), use_errno=True)
+        renameat2 = libc.renameat2
+    except (OSError, AttributeError, TypeError):
+        renameat2 = None
+    if renameat2 is not None:
+        at_fdcwd, rename_exchange = -100, 2
+        if renameat2(at_fdcwd, os.fsencode(a), at_fdcwd, os.fsencode(b), rename_exchange) == 0:
+            return
+        err = ctypes.get_errno()
+        if err not in (errno.ENOSYS, errno.EINVAL, errno.ENOTSUP):
+            raise OSError(err, os.strerror(err), str(b))
+    aside = b.with_name(f".{b.name}.old{os.getpid()}")
+    os.rename(b, aside)
+    os.rename(a, b)
+    os.rename(aside, a)

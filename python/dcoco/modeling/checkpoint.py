@@ -16,21 +16,40 @@ from ..ops import fused
 from ..corrector import Corrector
 from .dflash import ARCHITECTURE as DFLASH_ARCHITECTURE
 from .dflash import DFlashDrafter
+from ..files import replacing_folder
 from .weights import check_state, read_config, read_tensors
 
 ARCHITECTURE = "DFlashDCOCODraftModel"
 PREFIX = "corrector."
 
 
+def _not_checkpoint_file(name: str) -> bool:
+    """What else a checkpoint folder may hold (a tokenizer, notes, a run's logs) and a new save keeps."""
+    return name not in ("config.json", "model.safetensors.index.json") and not name.endswith(".safetensors")
+
+
 def save(path: str | Path, drafter: DFlashDrafter, corrector: Corrector | None = None,
          selection: str = "greedy", dtype: torch.dtype | None = None) -> None:
-    """Write drafter (+ corrector) to the directory path. selection: the path rule a server should use. dtype:
-    the stored dtype (default: the drafter's; serving checkpoints are usually bfloat16)."""
+    """Write drafter (+ corrector) to the directory path: the new config.json and model.safetensors are written
+    beside it, fsynced, and swapped in with the folder in one step (files.replacing_folder), so a reader sees the
+    old checkpoint or the new one, never one's config with the other's tensors; the folder's other files stay. A
+    failed write is an OSError naming the folder, which is then as it was. selection: the path rule a server
+    should use. dtype: the stored dtype (default: the drafter's; serving checkpoints are usually bfloat16)."""
     if not isinstance(drafter, DFlashDrafter):
         raise TypeError(f"drafter: expected a DFlashDrafter, got {type(drafter).__name__}")
-    if corrector is None:
-        drafter.save_pretrained(path, dtype=dtype)
-        return
+    if corrector is not None:
+        _check_corrector(drafter, corrector, selection)
+    try:
+        with replacing_folder(path, carry=_not_checkpoint_file) as tmp:
+            _write(tmp, drafter, corrector, selection, dtype)
+    except (ValueError, TypeError):
+        raise
+    except Exception as e:  # a full disk, safetensors' own errors, ...: one line, the old checkpoint intact
+        raise OSError(f"{path}: writing the checkpoint failed ({type(e).__name__}: {e}); the folder is as it "
+                      f"was") from e
+
+
+def _check_corrector(drafter: DFlashDrafter, corrector, selection: str) -> None:
     if not isinstance(corrector, Corrector):
         raise TypeError(f"corrector: expected a dcoco.Corrector or None, got {type(corrector).__name__}")
     if corrector.hidden_size != drafter.config.hidden_size:
@@ -38,6 +57,13 @@ def save(path: str | Path, drafter: DFlashDrafter, corrector: Corrector | None =
                          f"{drafter.config.hidden_size}")
     if selection not in fused.RULES:
         raise ValueError(f"selection: expected one of {sorted(fused.RULES)}, got {selection!r}")
+
+
+def _write(path: Path, drafter: DFlashDrafter, corrector: Corrector | None, selection: str,
+           dtype: torch.dtype | None) -> None:
+    if corrector is None:
+        drafter.save_pretrained(path, dtype=dtype)
+        return
     dcoco_config = {"num_candidates": corrector.num_candidates, "width": corrector.width,
                     "mlp_hidden": corrector.mlp_hidden, "selection": selection}
     if corrector.anchor_transition:  # written only when on: the paper's checkpoints stay as they were

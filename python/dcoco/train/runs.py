@@ -70,10 +70,15 @@ class Saver:
     def _write(self, out: Path, step: int, drafter, corrector, state: dict, dtype: torch.dtype) -> None:
         try:
             tmp = out / f".tmp{step}"
-            checkpoint.save(tmp, drafter, corrector, dtype=dtype)
-            for f in ("config.json", "model.safetensors"):
+            checkpoint.save(tmp, drafter, corrector, dtype=dtype)  # written whole and fsynced
+            # one file at a time into the run folder (it holds the logs too): every save of a run writes the
+            # same config.json, so a reader between the two renames still finds a matching pair
+            for f in ("model.safetensors", "config.json"):
                 os.replace(tmp / f, out / f)
-            torch.save(state, tmp / STATE)
+            with open(tmp / STATE, "wb") as f:
+                torch.save(state, f)
+                f.flush()
+                os.fsync(f.fileno())
             os.replace(tmp / STATE, out / STATE)
             tmp.rmdir()
         except BaseException as e:  # noqa: BLE001 (re-raised by wait, in the training thread)
