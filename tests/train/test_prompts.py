@@ -99,6 +99,8 @@ def test_contamination_counts_content_not_boilerplate():
     same_ending = ("Sue counts the people. How many are left?\n"
                    "Please reason step by step, and put your final answer within \\boxed{}.")
     assert not c.hits(same_ending)  # 13 words across the question's end and the instruction line: boilerplate
+    short = prompts.Contamination(["Write a function to sort a list."])
+    assert short.hits("write a FUNCTION to sort a list") and not short.hits("Write a function to sort a set.")
 
 
 def test_build_filters_and_appends(tmp_path):
@@ -120,7 +122,7 @@ def test_build_filters_and_appends(tmp_path):
     s = prompts.build(cand, tmp_path, c, progress=False)
     rows = [json.loads(x) for x in (tmp_path / "prompts.jsonl").read_text().splitlines()]
     assert [r["turns"][0][:12] for r in rows] == ["What is the ", "Write a poem", "Explain how ", "ab"]
-    assert s["dropped"] == {"duplicate": 1, "near duplicate": 1, "shares a 13-gram with an evaluated row": 1,
+    assert s["dropped"] == {"duplicate": 1, "near duplicate": 1, "an evaluated row or a 13-gram of one": 1,
                             "too short": 1, "repetitive": 1, "template tokens": 1}
     assert json.loads((tmp_path / "prompts.json").read_text())["prompts"] == 4
     more = [{"turns": ["Name three primes above one hundred and show they are prime."], "source": "t"}]

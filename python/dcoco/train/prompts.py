@@ -221,7 +221,7 @@ def fold(text: str) -> str:
 
 
 class Contamination:
-    """The word 13-grams of the evaluated rows' content. A suite's instructions are not content: a line found in
+    """The word 13-grams of the evaluated rows' content, and the rows themselves (folded). A suite's instructions are not content: a line found in
     BOILERPLATE_ROWS rows or more of the suites ("Please reason step by step, ...", a code-format line) is taken
     out of every text first, and a 13-gram still found in that many evaluated rows does not count either."""
 
@@ -236,6 +236,7 @@ class Contamination:
             seen.update(self.grams_of(text))
         self.grams = {g for g, n in seen.items() if n < BOILERPLATE_ROWS}
         self.boilerplate = len(seen) - len(self.grams)
+        self.exact = {fold(text) for text in evaluated}  # rows shorter than 13 words have no 13-gram
 
     @staticmethod
     def _line(text: str) -> str:
@@ -247,7 +248,7 @@ class Contamination:
         return ngrams(" ".join(kept).split(), NGRAM)
 
     def hits(self, text: str) -> bool:
-        return not self.grams.isdisjoint(self.grams_of(text))
+        return fold(text) in self.exact or not self.grams.isdisjoint(self.grams_of(text))
 
 
 def evaluated_rows(suites_dir, reserved: int) -> tuple[list[str], list[str]]:
@@ -300,7 +301,7 @@ def build(candidates: Iterable[dict], out: str | Path, contamination: Contaminat
         if why is None and key in exact:
             why = "duplicate"
         if why is None and contamination.hits(text):
-            why = "shares a 13-gram with an evaluated row"
+            why = "an evaluated row or a 13-gram of one"
         m = None
         if why is None:
             m = _minhash(key.split())
@@ -350,7 +351,8 @@ def build_default(out: str | Path, inputs: Sequence[str | Path] = (), shipped: b
     suites = default_suites()
     cands: list[dict] = []
     if shipped:
-        cands += file_candidates([Path(str(resources.files("dcoco") / "data" / "prompts.jsonl"))])
+        cands += [{**c, "source": "shipped"}
+                  for c in file_candidates([Path(str(resources.files("dcoco") / "data" / "prompts.jsonl"))])]
         cands += file_candidates(sorted(suites.glob("*.jsonl")), skip_rows=EVAL_ROWS_RESERVED)
     cands += file_candidates(inputs) + generated_candidates(out)
     return build(cands, out, Contamination(*evaluated_rows(suites, EVAL_ROWS_RESERVED)), progress)
