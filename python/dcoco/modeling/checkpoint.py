@@ -8,6 +8,7 @@ DFlash checkpoint."""
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import torch
@@ -42,11 +43,20 @@ def save(path: str | Path, drafter: DFlashDrafter, corrector: Corrector | None =
     try:
         with replacing_folder(path, carry=_not_checkpoint_file) as tmp:
             _write(tmp, drafter, corrector, selection, dtype)
+            mode = 0o666 & ~_umask()  # safetensors writes 0600; a serving user other than the owner must read it
+            for f in tmp.iterdir():
+                os.chmod(f, mode)
     except (ValueError, TypeError):
         raise
     except Exception as e:  # a full disk, safetensors' own errors, ...: one line, the old checkpoint intact
         raise OSError(f"{path}: writing the checkpoint failed ({type(e).__name__}: {e}); the folder is as it "
                       f"was") from e
+
+
+def _umask() -> int:
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask
 
 
 def _check_corrector(drafter: DFlashDrafter, corrector, selection: str) -> None:
