@@ -1,4 +1,4 @@
-"""`dcoco data pack`: generated answers packed into uint16 shards of consecutive prompt rows with a manifest; the
+"""`dcoco data pack`: generated answers packed into uint16 shards of the rows no shard holds yet, with a manifest; the
 shards read back exactly, a corrupt shard is named, and generation resumes from what the shards hold."""
 
 from __future__ import annotations
@@ -44,20 +44,20 @@ def _pack(gen, prompts_file, corpus, *extra):
                      "--shard-rows", "2", *extra])
 
 
-def test_pack_consecutive_rows_then_flush(target_dir, prompts_file, tmp_path):
+def test_pack_whole_shards_then_flush(target_dir, prompts_file, tmp_path):
     stub, gen, corpus = Stub(spec=False), tmp_path / "gen", tmp_path / "corpus"
     assert _gen(stub, target_dir, prompts_file, gen, "--limit", "3") == 0  # rows 0-2 answered: one full shard
     assert _pack(gen, prompts_file, corpus, "--settings", '{"engine": "stub"}') == 0
     m = json.loads((corpus / "manifest.json").read_text())
-    assert [s["rows"] for s in m["shards"]] == [[0, 2]] and m["prompts"] == 5 and m["settings"] == {"engine": "stub"}
+    assert [s["rows"] for s in m["shards"]] == [[[0, 2]]] and m["prompts"] == 5 and m["settings"] == {"engine": "stub"}
     first = (corpus / "shard-00000.npz").read_bytes()
     assert _pack(gen, prompts_file, corpus, "--flush") == 0  # a run stopping now: row 2 alone
-    assert [s["rows"] for s in json.loads((corpus / "manifest.json").read_text())["shards"]] == [[0, 2], [2, 3]]
+    assert [s["rows"] for s in json.loads((corpus / "manifest.json").read_text())["shards"]] == [[[0, 2]], [[2, 3]]]
     assert _gen(stub, target_dir, prompts_file, gen) == 0
     assert _pack(gen, prompts_file, corpus) == 0
     assert _pack(gen, prompts_file, corpus, "--flush") == 0  # nothing left to flush
     m = json.loads((corpus / "manifest.json").read_text())
-    assert [s["rows"] for s in m["shards"]] == [[0, 2], [2, 3], [3, 5]]
+    assert [s["rows"] for s in m["shards"]] == [[[0, 2]], [[2, 3]], [[3, 5]]]
     assert (corpus / "shard-00000.npz").read_bytes() == first  # a written shard never changes
     assert m["settings"] == {"engine": "stub"}  # kept from the first pack
     samples = datagen.load(gen)
@@ -69,6 +69,21 @@ def test_pack_consecutive_rows_then_flush(target_dir, prompts_file, tmp_path):
     with np.load(corpus / "shard-00000.npz") as z:
         assert z["ids"].dtype == np.uint16 and z["rows"].tolist() == [0, 1, 1] and z["turns"].tolist() == [0, 0, 1]
     assert [p for p, _ in samples] == [p for p, _ in datagen.load(gen)]
+
+
+def test_a_failed_row_is_packed_when_a_rerun_answers_it(target_dir, prompts_file, tmp_path):
+    stub, gen, corpus = Stub(spec=False), tmp_path / "gen", tmp_path / "corpus"
+    stub.fail = {"red sun": "500"}  # row 1
+    assert _gen(stub, target_dir, prompts_file, gen) == 1
+    assert _pack(gen, prompts_file, corpus) == 0
+    m = json.loads((corpus / "manifest.json").read_text())
+    assert [s["rows"] for s in m["shards"]] == [[[0, 1], [2, 3]], [[3, 5]]] and m["conversations"] == 4
+    stub.fail = {}
+    assert _gen(stub, target_dir, prompts_file, gen) == 0
+    assert _pack(gen, prompts_file, corpus, "--flush") == 0
+    m = json.loads((corpus / "manifest.json").read_text())
+    assert m["shards"][-1]["rows"] == [[1, 2]] and shards.packed_rows(corpus) == set(range(5))
+    assert sorted(shards.load(corpus)) == sorted(datagen.load(gen))
 
 
 def test_resume_from_the_shards_and_corruption(target_dir, prompts_file, tmp_path):

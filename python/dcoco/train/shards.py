@@ -1,11 +1,11 @@
-"""A token-id corpus packed for shipping: `dcoco data generate`'s answers as compressed uint16 shards of
-consecutive prompt rows, with a manifest. Each shard holds the rows that follow the last one, written once they
-are all answered, and never changes after: a corpus grows shard by shard (each can be committed as it lands), and
-a generation run on another machine resumes from the rows the shards hold (`dcoco data generate --skip-packed`).
+"""A token-id corpus packed for shipping: `dcoco data generate`'s answers as compressed uint16 shards with a
+manifest. Each shard holds answered prompt rows that no earlier shard holds, and never changes after it is
+written: a corpus grows shard by shard (each can be committed as it lands), and a generation run on another
+machine resumes from the rows the shards hold (`dcoco data generate --skip-packed`).
 
     <corpus>/manifest.json        {"format", "prompts", "conversations", "samples", "prompt_tokens",
                                    "response_tokens", "sources": {source: {conversations, samples,
-                                   response_tokens}}, "settings", "shards": [{file, rows, samples, ...}]}
+                                   response_tokens}}, "settings", "shards": [{file, rows: [[start, end), ...], samples, ...}]}
     <corpus>/shard-<k>.npz        ids (uint16: each sample's prompt then response ids, samples concatenated),
                                   lengths, prompt_lengths (int32, per sample), rows (int32: the prompt row of
                                   each sample), turns (uint8: its turn in the conversation), cut (bool: the
@@ -47,7 +47,7 @@ def packed_rows(corpus: str | Path) -> set[int]:
     path = Path(corpus) / MANIFEST
     if not path.is_file():
         return set()
-    return {r for s in read_manifest(corpus)["shards"] for r in range(*s["rows"])}
+    return {r for s in read_manifest(corpus)["shards"] for lo, hi in s["rows"] for r in range(lo, hi)}
 
 
 def _generated(folder: Path, source: str) -> dict[int, dict]:
@@ -62,10 +62,10 @@ def _generated(folder: Path, source: str) -> dict[int, dict]:
 
 def pack(generated: str | Path, prompts: str | Path, out: str | Path, shard_rows: int = 500,
          flush: bool = False, settings: dict | None = None) -> dict:
-    """Packs the prompt rows answered in generated that follow the last shard without a gap: a new shard for
-    every shard_rows of them, and with flush the rest too (a shorter shard: what a run that stops now leaves
-    answered). A row generation dropped (no sample) counts as answered. Shards already written are kept as they
-    are; the manifest is rewritten. Returns it."""
+    """Packs the prompt rows answered in generated and in no shard yet, in row order: a new shard for every
+    shard_rows of them, and with flush the rest too (what a run that stops now leaves answered). A row generation
+    dropped (no sample) counts as answered; a row whose request failed waits for a rerun. Shards already written
+    are kept as they are; the manifest is rewritten. Returns it."""
     if isinstance(shard_rows, bool) or not isinstance(shard_rows, int) or shard_rows < 1:
         raise ValueError(f"--shard-rows: expected an integer >= 1, got {shard_rows!r}")
     prompts, out = Path(prompts), Path(out)
@@ -76,20 +76,28 @@ def pack(generated: str | Path, prompts: str | Path, out: str | Path, shard_rows
     out.mkdir(parents=True, exist_ok=True)
     old = read_manifest(out) if (out / MANIFEST).is_file() else {}
     shards = list(old.get("shards", []))
-    lo = shards[-1]["rows"][1] if shards else 0
-    hi = lo
-    while hi < len(rows) and hi in recs:
-        hi += 1
-    while hi - lo >= shard_rows or (flush and hi > lo):
-        end = min(hi, lo + shard_rows)
-        shards.append(_write(out / shard_name(len(shards)), [(r, recs[r]) for r in range(lo, end)], (lo, end), rows))
-        lo = end
+    done = {r for sh in shards for lo, hi in sh["rows"] for r in range(lo, hi)}
+    todo = sorted(r for r in recs if r not in done and r < len(rows))
+    while len(todo) >= shard_rows or (flush and todo):
+        chunk, todo = todo[:shard_rows], todo[shard_rows:]
+        shards.append(_write(out / shard_name(len(shards)), [(r, recs[r]) for r in chunk], rows))
     manifest = _manifest(len(rows), shards, {**old.get("settings", {}), **(settings or {})})
     write_text_atomic(out / MANIFEST, json.dumps(manifest, indent=2) + "\n")
     return manifest
 
 
-def _write(path: Path, recs: list[tuple[int, dict]], rows: tuple[int, int], prompts: list[dict]) -> dict:
+def _runs(rows: list[int]) -> list[list[int]]:
+    """Sorted row numbers as [start, end) runs: [0, 1, 2, 5] -> [[0, 3], [5, 6]]."""
+    out: list[list[int]] = []
+    for r in rows:
+        if out and out[-1][1] == r:
+            out[-1][1] = r + 1
+        else:
+            out.append([r, r + 1])
+    return out
+
+
+def _write(path: Path, recs: list[tuple[int, dict]], prompts: list[dict]) -> dict:
     ids, lengths, prompt_lengths, row_of, turns, cut = [], [], [], [], [], []
     sources: Counter = Counter()
     answered: Counter = Counter()
@@ -119,7 +127,7 @@ def _write(path: Path, recs: list[tuple[int, dict]], rows: tuple[int, int], prom
     with replacing(path) as tmp:
         with tmp.open("wb") as f:
             np.savez_compressed(f, **arrays)
-    return {"file": path.name, "rows": list(rows), "samples": len(lengths),
+    return {"file": path.name, "rows": _runs([r for r, _ in recs]), "samples": len(lengths),
             "prompt_tokens": int(sum(prompt_lengths)), "response_tokens": int(sum(lengths) - sum(prompt_lengths)),
             "cut": int(sum(cut)), "sources": {s: {"conversations": sources[s], "samples": answered[s],
                                                   "response_tokens": tokens[s]} for s in sorted(sources)},
@@ -132,7 +140,7 @@ def _manifest(prompts: int, shards: list[dict], settings: dict) -> dict:
         for name, c in s["sources"].items():
             sources.setdefault(name, Counter()).update(c)
     return {"format": FORMAT, "prompts": prompts,
-            "conversations": sum(s["rows"][1] - s["rows"][0] for s in shards),
+            "conversations": sum(hi - lo for s in shards for lo, hi in s["rows"]),
             "samples": sum(s["samples"] for s in shards),
             "prompt_tokens": sum(s["prompt_tokens"] for s in shards),
             "response_tokens": sum(s["response_tokens"] for s in shards),
@@ -141,7 +149,7 @@ def _manifest(prompts: int, shards: list[dict], settings: dict) -> dict:
 
 
 def load(corpus: str | Path, verify: bool = True) -> list[tuple[list[int], list[int]]]:
-    """[(prompt ids, response ids)] of every sample of the corpus, in shard order (prompt rows ascending).
+    """[(prompt ids, response ids)] of every sample of the corpus, in shard order (rows ascending in each).
     verify: check each shard's sha256 against the manifest (a corrupt or replaced shard is named)."""
     corpus = Path(corpus)
     out = []
