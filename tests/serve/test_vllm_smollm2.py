@@ -31,7 +31,7 @@ from dcoco.testing.vllm_server import VLLMServer  # noqa: E402
 from helpers.tiny_vllm import spec_counters  # noqa: E402
 
 
-SHIPPED = Path(__file__).parent / "data" / "smollm2-dcoco"  # a default-size demo drafter (its README)
+SHIPPED = Path(__file__).parents[1] / "data" / "smollm2-dcoco"  # a default-size demo drafter (its README)
 
 
 def demo_drafter(sizes=("full", "default")) -> Path:
