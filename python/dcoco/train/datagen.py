@@ -154,13 +154,14 @@ class Generator:
     def invalid(self, answer: dict, prompt_ids: list[int]) -> str | None:
         """Why a served answer cannot be a training sample (None: it can): ids that are not token ids of this
         vocabulary, prompt ids other than this tokenizer's chat template gives, or an empty answer."""
+        def token(x) -> bool:
+            return isinstance(x, int) and not isinstance(x, bool) and 0 <= x < self.vocab
+
         for key in ("token_ids", "prompt_token_ids"):
             ids = answer.get(key)
-            if ids is not None and (not isinstance(ids, list) or not all(
-                    isinstance(x, int) and not isinstance(x, bool) and 0 <= x < self.vocab for x in ids)):
-                bad = ids if not isinstance(ids, list) else next(x for x in ids if not (
-                    isinstance(x, int) and not isinstance(x, bool) and 0 <= x < self.vocab))
-                return f"{key} holds {bad!r}, not a token id in 0..{self.vocab - 1}"
+            bad = [ids] if ids is not None and not isinstance(ids, list) else [x for x in ids or () if not token(x)]
+            if bad:
+                return f"{key} holds {bad[0]!r}, not a token id in 0..{self.vocab - 1}"
         served = answer.get("prompt_token_ids")
         if served is not None and served != prompt_ids:  # what the target saw is what its answer follows
             return (f"the server's prompt ids differ from this tokenizer's chat template ({len(served)} vs "

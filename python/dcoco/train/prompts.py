@@ -30,7 +30,7 @@ from pathlib import Path
 from tqdm import tqdm
 
 from ..files import write_text_atomic
-from ..jsonl import append_record, read_records, write_records
+from ..jsonl import append_record, read_lines, read_records, write_records
 
 EVAL_ROWS_RESERVED = 32   # the evaluated rows of every suite: those below this index (the demo's, `dcoco eval`'s)
 NGRAM = 13                # decontamination: word n-grams shared with an evaluated row
@@ -229,7 +229,7 @@ class Contamination:
         lines: Counter = Counter()
         evaluated = list(evaluated)
         for text in [*evaluated, *suite_rows]:
-            lines.update({self._line(x) for x in text.split("\n")} - {""})
+            lines.update({fold(x) for x in text.split("\n")} - {""})
         self.lines = {x for x, n in lines.items() if n >= BOILERPLATE_ROWS}
         seen: Counter = Counter()
         for text in evaluated:
@@ -238,13 +238,9 @@ class Contamination:
         self.boilerplate = len(seen) - len(self.grams)
         self.exact = {fold(text) for text in evaluated}  # rows shorter than 13 words have no 13-gram
 
-    @staticmethod
-    def _line(text: str) -> str:
-        return " ".join(words(text))
-
     def grams_of(self, text: str) -> set[tuple[str, ...]]:
         """The 13-grams of text's content lines (each line's words, the lines joined)."""
-        kept = [x for x in map(self._line, text.split("\n")) if x and x not in self.lines]
+        kept = [x for x in map(fold, text.split("\n")) if x and x not in self.lines]
         return ngrams(" ".join(kept).split(), NGRAM)
 
     def hits(self, text: str) -> bool:
@@ -253,8 +249,6 @@ class Contamination:
 
 def evaluated_rows(suites_dir, reserved: int) -> tuple[list[str], list[str]]:
     """(every turn of the rows below `reserved` of every suite in suites_dir, every turn of the other rows)."""
-    from ..jsonl import read_lines
-
     below, above = [], []
     for f in sorted(Path(suites_dir).glob("*.jsonl")):
         for n, row in read_lines(f.read_text(encoding="utf-8")):
