@@ -221,9 +221,10 @@ def fold(text: str) -> str:
 
 
 class Contamination:
-    """The word 13-grams of the evaluated rows' content, and the rows themselves (folded). A suite's instructions are not content: a line found in
-    BOILERPLATE_ROWS rows or more of the suites ("Please reason step by step, ...", a code-format line) is taken
-    out of every text first, and a 13-gram still found in that many evaluated rows does not count either."""
+    """The word 13-grams of the evaluated rows' content, and the rows themselves (folded). A suite's instructions
+    are not content: a line found in BOILERPLATE_ROWS rows or more of the suites ("Please reason step by step, ...",
+    a code-format line) is taken out of every text first, and a 13-gram still found in that many evaluated rows
+    does not count either."""
 
     def __init__(self, evaluated: Iterable[str], suite_rows: Iterable[str] = ()):
         lines: Counter = Counter()
