@@ -78,7 +78,7 @@ def main() -> None:
                         ("DFlash2 selector", CandidateSelector(d.config.hidden_size, d.config.vocab_size,
                                                                demo.SELECTOR_RANK))):
             torch.manual_seed(0)
-            info[kind] = frozen.train(m, cache, embed, args.corrector_steps, demo.FROZEN_BATCH)
+            info[kind] = frozen.train(m, cache, embed, head, args.corrector_steps, demo.FROZEN_BATCH)
             fixes[kind] = m
         engines = {"DFlash": Engine(model, d), **{k: Engine(model, d, m) for k, m in fixes.items()}}
         rep = simulate.report(simulate.simulate_all(engines, prompts, refs, args.tokens), "DFlash")

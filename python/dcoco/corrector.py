@@ -91,13 +91,13 @@ class Corrector(nn.Module):
         prepared vocabulary table (prepare_inference) instead of projecting the candidates' embedding rows.
         embed None: the table of prepare_inference(embed, table_only=True), no gradient (the native path)."""
         fused.require_tensors(hidden=hidden, cand_ids=cand_ids, cand_logits=cand_logits)
-        hidden, cand_ids, cand_logits = self._slots(hidden, cand_ids, cand_logits, anchor_ids)
+        hidden, cand_ids, cand_logits = self._slots(hidden, cand_ids, cand_logits, anchor_ids, embed)
         wanted = torch.is_grad_enabled() and (hidden.requires_grad or cand_logits.requires_grad or
                                               any(p.requires_grad for p in self.parameters()))
         if embed is None:
             if wanted:
-                raise ValueError("embed: a gradient is wanted, which the vocabulary table does not carry; pass the "
-                                 "embedding table")
+                raise ValueError("embed: None reads the vocabulary table, which carries no gradient; score under "
+                                 "torch.no_grad() (or pass the embedding table for a gradient)")
             embed = self._table_only()
             _, table, weights = self._prepared
             return native.score(hidden, cand_ids, cand_logits, embed, weights, table)
@@ -116,7 +116,7 @@ class Corrector(nn.Module):
         transition, hidden is (R,B+1,d) and anchor_ids (R,): the walk starts from the anchor, so k_1 =
         argmax_b S_0(b)."""
         fused.require_tensors(hidden=hidden, cand_ids=cand_ids, cand_logits=cand_logits)
-        hidden, cand_ids, cand_logits = self._slots(hidden, cand_ids, cand_logits, anchor_ids)
+        hidden, cand_ids, cand_logits = self._slots(hidden, cand_ids, cand_logits, anchor_ids, embed)
         if embed is None:
             embed = self._table_only()
         fused.require_tensors(embed=embed)
@@ -137,8 +137,11 @@ class Corrector(nn.Module):
         return cand_logits[:, 0], scores
 
     def _slots(self, hidden: torch.Tensor, cand_ids: torch.Tensor, cand_logits: torch.Tensor,
-               anchor_ids: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """The core's inputs: as given, or with the anchor as slot 0 (K copies of its id, logits 0)."""
+               anchor_ids: torch.Tensor | None, embed: torch.Tensor | None
+               ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """The core's inputs: as given, or with the anchor as slot 0 (K copies of its id, logits 0). An anchor
+        outside [0, V) is an IndexError naming it on the CPU (eager); elsewhere a check would sync with the host,
+        and the core treats it as it treats any such candidate id."""
         if not self.anchor_transition:
             if anchor_ids is not None:
                 raise ValueError("anchor_ids: this corrector has no anchor transition (anchor_transition=False); "
@@ -151,13 +154,24 @@ class Corrector(nn.Module):
         if hidden.dim() != 3 or hidden.shape[:2] != (cand_ids.shape[0], cand_ids.shape[1] + 1):
             raise ValueError(f"hidden: the anchor transition is on: expected (R,B+1,d), position 0 the anchor's, for "
                              f"cand_ids (R,B,K); got {tuple(hidden.shape)} and {tuple(cand_ids.shape)}")
-        R, _, K = cand_ids.shape
+        R, B, K = cand_ids.shape
+        if B < 1:
+            raise ValueError("hidden: expected at least one drafted slot (B >= 1), got B=0")
         if anchor_ids.dtype not in (torch.int32, torch.int64):
             raise TypeError(f"anchor_ids: expected int32 or int64, got {anchor_ids.dtype}")
         if anchor_ids.shape != (R,) or anchor_ids.device != cand_ids.device:
             raise ValueError(f"anchor_ids: expected an int32/int64 ({R},) tensor on {cand_ids.device}, got "
                              f"{anchor_ids.dtype} {tuple(anchor_ids.shape)} on {anchor_ids.device}")
-        ids = torch.cat([anchor_ids.to(cand_ids.dtype)[:, None, None].expand(R, 1, K), cand_ids], 1)
+        # the wider of the two id dtypes: an int64 anchor is never narrowed (2^32 + 3 must not become token 3), so
+        # the core's range check sees the id as given
+        vocab = embed if embed is not None else self._stand_in
+        if native.checks_ids(anchor_ids) and isinstance(vocab, torch.Tensor) and vocab.dim() == 2:
+            bad = ((anchor_ids < 0) | (anchor_ids >= vocab.shape[0])).nonzero()
+            if len(bad):
+                r = int(bad[0, 0])
+                raise IndexError(f"anchor_ids[{r}] = {int(anchor_ids[r])} is outside [0, V={vocab.shape[0]})")
+        dtype = anchor_ids.dtype if anchor_ids.dtype.itemsize > cand_ids.dtype.itemsize else cand_ids.dtype
+        ids = torch.cat([anchor_ids.to(dtype)[:, None, None].expand(R, 1, K), cand_ids.to(dtype)], 1)
         return hidden, ids, F.pad(cand_logits, (0, 0, 1, 0))
 
     @torch.no_grad()
@@ -178,7 +192,9 @@ class Corrector(nn.Module):
 
         table_only: the calls that follow pass embed=None and read the table alone, so the caller may free the
         embedding (a gathered copy under tensor parallelism: 1.24 GB at Qwen3-8B against the table's 77.8 MB).
-        Nothing then notices the embedding changing: prepare again after it does."""
+        Nothing then notices the embedding changing: prepare again after it does. Given the embedding again, a
+        call checks it as after a full preparation."""
+        fused.require_tensors(embed=embed)
         if not isinstance(table_only, bool):
             raise TypeError(f"table_only: expected a bool, got {table_only!r}")
         args = (embed, self.cand_proj.weight, self.fuse_proj.weight)
@@ -186,15 +202,16 @@ class Corrector(nn.Module):
         # always copies, never the parameters themselves (.to() of a float32 tensor returns it): a later refill
         # writes into these, which must not be tensors an optimizer or the caller still holds
         weights = tuple(w.detach().to(torch.float32, copy=True).contiguous() for w in self.weights())
-        if self._prepared is not None and _same_layout((table, *weights), self._prepared[1:2] + self._prepared[2]):
-            # prepared before: refill the same tensors, which a captured CUDA graph keeps reading
+        if self._prepared is not None and _same_layout((table, *weights), self._prepared[1:2] + self._prepared[2]) \
+                and (torch.is_inference_mode_enabled() or not self._prepared[1].is_inference()):
+            # prepared before: refill the same tensors, which a captured CUDA graph keeps reading (tensors made
+            # under inference_mode cannot be written outside it: those are replaced)
             old_table, old_weights = self._prepared[1:]
             for old, new in zip((old_table, *old_weights), (table, *weights)):
                 old.copy_(new)
             table, weights = old_table, old_weights
-        key = self._key(embed)
         self._stand_in = embed.new_zeros(()).expand(embed.shape) if table_only else None
-        self._prepared = ((_TABLE_ONLY, *key[3:]) if table_only else key, table, weights)
+        self._prepared = (self._key(embed), table, weights)
         return table
 
     def unprepare(self) -> None:
@@ -214,7 +231,7 @@ class Corrector(nn.Module):
         if self._stand_in is None:
             raise ValueError("embed: expected the (V, d) embedding table; None only after "
                              "prepare_inference(embed, table_only=True)")
-        if not torch.compiler.is_compiling() and self._key(self._stand_in)[3:] != self._prepared[0][1:]:
+        if not torch.compiler.is_compiling() and self._key(self._stand_in)[3:] != self._prepared[0][3:]:
             self._prepared = self._stand_in = None
             raise ValueError("embed: the table-only preparation is stale (the weights changed since "
                              "prepare_inference); call prepare_inference(embed, table_only=True) again")
@@ -223,10 +240,10 @@ class Corrector(nn.Module):
     def _fresh_prepared(self, embed: torch.Tensor) -> tuple | None:
         if self._prepared is None or torch.compiler.is_compiling():
             return self._prepared
-        key = self._key(embed)
-        if embed is self._stand_in and self._prepared[0][0] is _TABLE_ONLY:
-            key = (_TABLE_ONLY, *key[3:])
-        if key != self._prepared[0] or self._prepared[1].device != embed.device:
+        key, prepared_key = self._key(embed), self._prepared[0]
+        if embed is self._stand_in:  # table-only: the weights alone are checked
+            key, prepared_key = key[3:], prepared_key[3:]
+        if key != prepared_key or self._prepared[1].device != embed.device:
             warnings.warn("dcoco.Corrector: the inference preparation is stale (weights or embed changed since "
                           "prepare_inference); computing from the embedding table instead", stacklevel=3)
             self._prepared = self._stand_in = None
@@ -236,9 +253,6 @@ class Corrector(nn.Module):
 def _version(t: torch.Tensor) -> int | None:
     """t's in-place write counter; None for an inference tensor (torch.inference_mode), which keeps none."""
     return None if t.is_inference() else t._version
-
-
-_TABLE_ONLY = object()  # the embedding part of a table-only preparation's key
 
 
 def _same_layout(new: tuple, old: tuple) -> bool:

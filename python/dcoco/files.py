@@ -42,6 +42,25 @@ def write_text_atomic(path: str | os.PathLike, text: str) -> None:
         tmp.write_text(text, encoding="utf-8")
 
 
+def _stale(folder: Path, prefix: str) -> list[Path]:
+    """The entries prefix + pid in folder of pids no process on this host has now (a live writer's are never
+    among them)."""
+    if not folder.is_dir():
+        return []
+    return [e for e in folder.iterdir() if e.name.startswith(prefix) and e.name[len(prefix):].isdigit()
+            and int(e.name[len(prefix):]) != os.getpid() and not _alive(int(e.name[len(prefix):]))]
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # another user's process
+        return True
+    return True
+
+
 def _remove(path: Path) -> None:
     if path.is_dir() and not path.is_symlink():
         shutil.rmtree(path, ignore_errors=True)
@@ -56,9 +75,16 @@ def replacing_folder(path: str | os.PathLike, carry=lambda name: False) -> Itera
     renames, between which `path` is briefly absent), so readers see the old folder or the new one, never a mix.
     The old folder's entries that carry(name) accepts and the new one lacks are carried over (files hard-linked
     before the swap, subfolders moved after it). On an exception the temporary is removed and `path` is left as
-    it was."""
+    it was. What writers killed mid-write left beside `path` (their temporaries, named by a pid no process on this
+    host has now) is cleared first; a folder shared between hosts needs its writers on one."""
     path = Path(path)
     tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
+    for entry in _stale(path.parent, f".{path.name}.tmp"):
+        _remove(entry)
+    for aside in _stale(path.parent, f".{path.name}.old"):  # a swap without renameat2, killed between its renames
+        if not path.exists():
+            os.rename(aside, path)
+        _remove(aside)
     _remove(tmp)
     tmp.mkdir(parents=True)
     try:

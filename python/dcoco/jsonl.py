@@ -44,12 +44,17 @@ def write_records(path: Path, recs: Iterable) -> None:
     write_text_atomic(path, "".join(json.dumps(r) + "\n" for r in recs))
 
 
-def read_lines(text: str) -> Iterator[tuple[int, object]]:
+def read_lines(text: str, appended: bool = False) -> Iterator[tuple[int, object]]:
     """(line number from 1, value) of every non-blank line of JSONL text; BadLine names a line that is not JSON.
-    Lines end at "\\n" only: JSON written without ensure_ascii may hold U+2028 and the like inside its strings."""
-    for n, line in enumerate(text.split("\n"), 1):
+    Lines end at "\\n" only: JSON written without ensure_ascii may hold U+2028 and the like inside its strings.
+    appended (a file written by append_record): a last line with no newline after it that is not JSON was cut by
+    a kill mid-write, and is left out."""
+    lines = text.split("\n")
+    for n, line in enumerate(lines, 1):
         if line.strip():
             try:
                 yield n, json.loads(line)
             except json.JSONDecodeError as e:
+                if appended and n == len(lines):
+                    return
                 raise BadLine(str(e), n) from None

@@ -32,7 +32,8 @@ def test_demo_smoke_trains_evaluates_and_caches(tmp_path, monkeypatch):
         assert (tmp_path / "out" / f"demo-smollm2-smoke-{suffix}.png").stat().st_size > 0
     work = tmp_path / "cache" / "demo-smoke"
     assert {s: v["steps"] for s, v in res["training"].items()} == \
-        {"dflash": 3, "dflash-long": 2, "corrector": 2, "anchor": 2, "dflash2": 2, "dcoco-drafter": 2, "online": 2}
+        {"dflash": 3, "dflash-long": 2, "corrector": 2, "anchor": 2, "dflash2": 2, "domino": 2, "dspark": 2,
+         "dcoco-drafter": 2, "online": 2}
     # a "joint" row co-trains its drafter; the corr_grad 0 control is named the online corrector it is
     joint, online = res["training"]["dcoco-drafter"]["recipe"], res["training"]["online"]["recipe"]
     assert joint["corr_grad"] == h["joint_corr_grad"] > 0 and online["corr_grad"] == 0
@@ -42,10 +43,15 @@ def test_demo_smoke_trains_evaluates_and_caches(tmp_path, monkeypatch):
     for ratio, ci in (("frozen_over_dflash", "frozen_ci"), ("joint_over_dflash", "joint_ci"),
                       ("joint_over_frozen", "joint_over_frozen_ci"), ("joint_over_online", "joint_over_online_ci"),
                       ("joint_over_dflash_continued", "joint_over_dflash_continued_ci"), ("anchor_over_dflash", "anchor_ci"),
-                      ("anchor_over_dflash2", "anchor_over_dflash2_ci"), ("anchor_over_frozen", "anchor_over_frozen_ci")):
+                      ("anchor_over_dflash2", "anchor_over_dflash2_ci"), ("anchor_over_frozen", "anchor_over_frozen_ci"),
+                      ("dcoco_over_domino", "dcoco_over_domino_ci"), ("dcoco_over_dspark", "dcoco_over_dspark_ci"),
+                      ("anchor_over_best_baseline", "anchor_over_best_baseline_ci")):
         assert h[f"tau_ratio_{ci}"][0] <= h[f"tau_ratio_{ratio}"] <= h[f"tau_ratio_{ci}"][1]
     assert h["tau_dcoco_anchor"] >= 1 and demo.ANCHOR in res["costs"] and demo.ANCHOR in h["headroom_captured_walk"]
     assert demo._load_frozen(work / "anchor").anchor_transition  # the stage reloads as what it was trained as
+    assert h["tau_domino"] >= 1 and h["tau_dspark"] >= 1 and {demo.DOMINO, demo.DSPARK} <= set(res["costs"])
+    assert type(demo._load_frozen(work / "domino")).__name__ == "DominoHead"
+    assert type(demo._load_frozen(work / "dspark")).__name__ == "DSparkHead"
     assert set(res["co_adaptation"]) == {"frozen drafter (dflash-long)", "joint drafter (dcoco-drafter)",
                                          "online control's drafter (online)"}
     assert all(len(r["top1_per_slot"]) == demo.BLOCK - 1 for r in res["co_adaptation"].values())

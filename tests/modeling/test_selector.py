@@ -1,6 +1,6 @@
 """The DFlash2 selector baseline (selector.py) against a literal per-slot loop, and the frozen-drafter training
-both correctors share (frozen.py): on cached blocks whose right candidate is a function of its predecessor, each
-learns to pick it."""
+every corrector and baseline head shares (frozen.py): on cached blocks whose right candidate is a function of its
+predecessor, each learns to pick it."""
 
 from __future__ import annotations
 
@@ -9,6 +9,8 @@ import torch
 
 from dcoco.train import frozen
 from dcoco.corrector import Corrector
+from dcoco.modeling.domino import DominoHead
+from dcoco.modeling.dspark import DSparkHead
 from dcoco.modeling.selector import CandidateSelector
 
 R, B, K, V, D = 6, 5, 8, 50, 32
@@ -82,19 +84,36 @@ def chain_cache(n: int, seed: int) -> dict[str, torch.Tensor]:
             "anchor_ids": anchor, "target": target, "valid": torch.ones(n, B, dtype=torch.bool)}
 
 
-@pytest.mark.parametrize("kind", ["selector", "corrector"])
+def make(kind: str):
+    return {"selector": lambda: CandidateSelector(D, V, rank=16, num_candidates=K),
+            "corrector": lambda: Corrector(D, num_candidates=K, width=16, mlp_hidden=32),
+            "domino": lambda: DominoHead(D, D, V, gru_size=32, mid_size=32),
+            "dspark": lambda: DSparkHead(D, V, rank=16)}[kind]()
+
+
+@pytest.mark.parametrize("kind", ["selector", "corrector", "domino", "dspark"])
 def test_frozen_training_learns_transitions(kind):
+    """The full-vocabulary heads read the drafter's logits U = hidden @ head.T, which here rank the chain's token
+    nowhere in particular: what they learn comes from the predecessor."""
     torch.manual_seed(0)
     embed = torch.randn(V, D)
+    head = torch.randn(V, D, generator=torch.Generator().manual_seed(7)) * D ** -0.5
     cache, test = chain_cache(2048, 0), chain_cache(256, 1)
-    model = (CandidateSelector(D, V, rank=16, num_candidates=K) if kind == "selector"
-             else Corrector(D, num_candidates=K, width=16, mlp_hidden=32))
+    model = make(kind)
     with torch.no_grad():
-        before = float(frozen.objective(model, test, embed))
-    info = frozen.train(model, cache, embed, steps=150, batch=128, lr=3e-2, progress=False)
+        before = float(frozen.objective(model, test, embed, head, done=1.0))
+    info = frozen.train(model, cache, embed, head, steps=150, batch=128, lr=3e-2, progress=False)
     with torch.no_grad():
-        after = float(frozen.objective(model, test, embed))
+        after = float(frozen.objective(model, test, embed, head, done=1.0))
     assert info["steps"] == 150 and info["final_loss"] < before and after < 0.5 * before
+    U = test["hidden"] @ head.T
+    if kind == "domino":  # slot 1 is U's alone (wrong here); given the chain's tokens, the GRU predicts the next
+        prev = torch.cat([test["anchor_ids"][:, None], test["target"][:, :-1]], 1)
+        tokens = model.logits(test["hidden"], U, prev, embed).argmax(-1)
+        assert (tokens[:, 1:] == test["target"][:, 1:]).float().mean() > 0.9
+    if kind == "dspark":
+        tokens, _ = model(test["hidden"], U, test["anchor_ids"])
+        assert (tokens == test["target"]).float().mean() > 0.9
     if kind == "selector":  # the walk now follows the chain from the anchor
         ranks, tokens = model(test["hidden"].float(), test["cand_ids"].long(), test["cand_logits"], test["anchor_ids"])
         assert (tokens == test["target"]).float().mean() > 0.9

@@ -175,3 +175,74 @@ def test_sampled_walk_bad_arguments():
         sample(torch.randn(2, 3, 4, 4), torch.randn(2, 5), 1.0)
     with pytest.raises(ValueError, match="temperature"):
         sample(torch.randn(2, 3, 4, 4), torch.randn(2, 4), float("nan"))
+
+
+def test_sampled_walk_bad_arguments_are_named():
+    s, f = torch.randn(2, 3, 4, 4), torch.randn(2, 4)
+    with pytest.raises(ValueError, match=r"temperature: expected a number or a \(2,\) tensor, one per block, got "
+                                         r"shape \(3,\)"):
+        sample(s, f, torch.ones(3))
+    with pytest.raises(TypeError, match="temperature: expected a number or a"):
+        sample(s, f, "hot")
+    with pytest.raises(TypeError, match="temperature: expected a floating-point tensor, got torch.int64"):
+        sample(s, f, torch.ones(2, dtype=torch.long))
+    for dtype in (torch.int64, torch.float64):  # what select refuses, sample refuses
+        with pytest.raises(TypeError, match=f"scores: expected float32, bfloat16 or float16, got {dtype}"):
+            sample(s.to(dtype), f.to(dtype), 1.0)
+        with pytest.raises(TypeError, match="scores: expected float32"):
+            dcoco.select(s.to(dtype), f.to(dtype))
+
+
+@pytest.mark.parametrize("T", [1e-40, 1e-6, 0.0, -1.0])
+def test_temperatures_below_the_floor_are_the_greedy_walk(T):
+    """x / 1e-40 overflows float32 (q was all NaN, the ranks not greedy's): below TEMPERATURE_FLOOR the walk is
+    select()'s, with q one-hot at it."""
+    from dcoco.ops.select import TEMPERATURE_FLOOR
+
+    torch.manual_seed(5)
+    s, f = torch.randn(3, 4, 6, 6) * 3, torch.randn(3, 6) * 3
+    ranks, q = sample(s, f, T, torch.Generator().manual_seed(0))
+    assert T < TEMPERATURE_FLOOR
+    greedy = dcoco.select(s, f, "greedy")
+    assert torch.equal(ranks, greedy)
+    assert torch.equal(q, torch.nn.functional.one_hot(greedy, 6).float())
+
+
+def test_the_proposal_is_finite_over_non_finite_scores():
+    """A NaN or -inf candidate is never drawn and has q = 0; a row all NaN / -inf is select()'s choice, q one-hot
+    there; +inf is a point mass at the row's lowest-ranked +inf. q is finite and sums to 1 everywhere."""
+    torch.manual_seed(6)
+    R, B, K, n = 4, 3, 5, 400
+    s, f = torch.randn(R, B - 1, K, K), torch.randn(R, K)
+    f[0, 1], f[0, 3] = float("nan"), -math.inf          # block 0, slot 1: two candidates that cannot be drawn
+    f[1] = float("nan")                                  # block 1, slot 1: nothing can be drawn
+    f[2, 2] = f[2, 4] = math.inf                         # block 2, slot 1: a point mass at rank 2
+    s[3, :, :, 0] = float("nan")                         # block 3: rank 0 never drawn after slot 1
+    ranks, q = sample(s.repeat(n, 1, 1, 1), f.repeat(n, 1), 1.3, torch.Generator().manual_seed(1))
+    ranks, q = ranks.view(n, R, B), q.view(n, R, B, K)
+    assert q.isfinite().all()
+    torch.testing.assert_close(q.sum(-1), torch.ones(n, R, B))
+    assert not ((ranks[:, 0, 0] == 1) | (ranks[:, 0, 0] == 3)).any() and (q[:, 0, 0, [1, 3]] == 0).all()
+    assert len(ranks[:, 0, 0].unique()) == 3  # the other three are drawn
+    assert (ranks[:, 1, 0] == 0).all() and (q[:, 1, 0] == torch.eye(K)[0]).all()
+    assert (ranks[:, 2, 0] == 2).all() and (q[:, 2, 0] == torch.eye(K)[2]).all()
+    assert (ranks[:, 3, 1:] != 0).all() and (q[:, 3, 1:, 0] == 0).all()
+
+
+def test_a_geometric_lam_beyond_float32_is_refused():
+    """lam^(B-2) outside [2^-64, 2^64] overflowed float32 path sums (1e30 over 15 slots returned a path that is
+    not the optimum); the bound depends on B, so a short block takes a larger lam."""
+    s, f = torch.randn(1, 14, 16, 16), torch.randn(1, 16)
+    for lam in (1e30, 1e-30):
+        with pytest.raises(ValueError, match=r"lam: .* is beyond \[2\^-64, 2\^64\].*expected lam in \[0.03296, "
+                                             r"30.34\] for B = 15"):
+            dcoco.select(s, f, "geometric", lam)
+    assert dcoco.select(s, f, "geometric", 20.0).shape == (1, 15)
+    assert dcoco.select(torch.randn(1, 2, 4, 4), torch.randn(1, 4), "geometric", 1e15).shape == (1, 3)
+    # an admissible large lam finds the optimum up to float32 rounding of the path sums (the first slots' terms,
+    # 1e-12 of the last one's, are below it: they only break ties)
+    s, f = torch.randn(8, 3, 3, 3), torch.randn(8, 3)
+    torch.testing.assert_close(path_value(s, f, dcoco.select(s, f, "geometric", 1e6), 1e6),
+                               path_value(s, f, brute_force(s, f, 1e6), 1e6), rtol=1e-6, atol=0)
+    with pytest.raises(TypeError, match="lam: expected a number, got None"):
+        dcoco.select(s, f, "geometric", None)

@@ -1,5 +1,6 @@
 """Simulated greedy decoding (simulate.py) against the engine's real decode, round by round and metric by metric,
-for plain DFlash, every corrector rule and the DFlash2 selector (greedy losslessness included); teacher-forced
+for plain DFlash, every corrector rule, the DFlash2 selector and Domino's and DSpark's heads (greedy losslessness
+included); teacher-forced
 coverage; references over suites."""
 
 from __future__ import annotations
@@ -15,6 +16,8 @@ pytest.importorskip("transformers", reason="the engine needs transformers (pip i
 from helpers.tiny_models import BS, PROMPTS, corrector, dflash_cfg  # noqa: E402
 
 from dcoco.modeling.dflash import DFlashDrafter  # noqa: E402
+from dcoco.modeling.domino import DominoHead  # noqa: E402
+from dcoco.modeling.dspark import DSparkHead  # noqa: E402
 from dcoco.modeling.selector import CandidateSelector  # noqa: E402
 from dcoco.specdec.simulate import simulate  # noqa: E402
 from dcoco.specdec.engine import KS, Engine, Result, summarize, target_only  # noqa: E402
@@ -54,11 +57,22 @@ def selector(seed: int = 0) -> CandidateSelector:
     return s.eval()
 
 
+def baselines(seed: int = 0) -> list:
+    """Domino's and DSpark's heads with their zero-initialised output layers drawn, so they re-pick tokens."""
+    torch.manual_seed(seed)
+    domino, dspark = DominoHead(64, 64, 64, gru_size=16, mid_size=16), DSparkHead(64, 64, rank=8)
+    torch.nn.init.normal_(domino.out.weight, std=2.0)
+    torch.nn.init.normal_(dspark.markov_w2.weight, std=2.0)
+    return [domino.eval(), dspark.eval()]
+
+
 def engines(target, drafter, eos=None):
     yield Engine(target, drafter, eos_token_id=eos)
     for rule, anchor in itertools.product(("greedy", "global", "geometric"), (False, True)):
         yield Engine(target, drafter, corrector(anchor=anchor), rule=rule, num_candidates=8, eos_token_id=eos)
     yield Engine(target, drafter, selector(), num_candidates=8, eos_token_id=eos)
+    for head in baselines():
+        yield Engine(target, drafter, head, num_candidates=8, eos_token_id=eos)
 
 
 def same(sim: Result, real: Result) -> None:
@@ -153,3 +167,14 @@ def test_suites_references_cached_and_report(target, refs, tmp_path, monkeypatch
     assert o["prompts"] == 3 and o["ratio_ci"][0] <= o["ratio"] <= o["ratio_ci"][1]
     assert rep["DFlash"]["suites"]["b"]["tau_ci"] is None  # one prompt: no interval
     assert rep["DFlash"]["suites"]["b"]["tau"] > rep["DFlash"]["suites"]["a"]["tau"]
+
+
+def test_the_baseline_heads_re_pick_tokens(target):
+    """Domino's and DSpark's drafts in Engine.select are theirs, not the drafter's argmax (which the
+    simulation-equals-decoding check would pass with too)."""
+    drafter = DFlashDrafter(dflash_cfg(64)).eval()
+    h = torch.randn(4, BS, 64, generator=torch.Generator().manual_seed(5))
+    anchors = torch.tensor([1, 2, 3, 4])
+    for head in baselines():
+        drafted, ids, _, _ = Engine(target, drafter, head, num_candidates=8, eos_token_id=None).select(h, anchors)
+        assert drafted.shape == ids.shape[:2] and (drafted != ids[..., 0]).any(), type(head).__name__

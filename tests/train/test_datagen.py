@@ -107,7 +107,7 @@ def test_bad_answers_are_retried_once_then_rejected(target_dir, chats, tmp_path,
     rejects = [json.loads(x) for x in (out / "rejects-00000-of-00001.jsonl").read_text().splitlines()]
     reasons = {r["row"]: r["reason"] for r in rejects}
     vocab = len(AutoTokenizer.from_pretrained(target_dir))
-    assert reasons[0] == f"token_ids holds -1, not a token id in 0..{vocab - 1}"
+    assert reasons[0] == f"token_ids [1] = -1 is not a token id in [0, {vocab})"
     assert reasons[2].startswith("an empty answer") and reasons[3].startswith("the server's prompt ids differ")
     asked = [e["body"]["messages"][-1]["content"] for e in stub.log]
     assert asked.count("the cat") == 2 and asked.count("red sun") == 2 and asked.count("why") == 1

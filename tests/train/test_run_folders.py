@@ -153,3 +153,74 @@ def test_a_second_writer_is_refused_and_a_dead_ones_lock_never_blocks(tiny_dirs,
         holder.wait()
     assert _train(tiny_dirs, out, "--mode", "drafter", "--steps", "4", "--resume") == 0
     assert _steps(out) == [1, 2, 3, 4]
+
+
+def test_recipes_that_cannot_be_read_are_named(tiny_dirs, tmp_path):
+    bad = tmp_path / "latin1.toml"
+    bad.write_bytes('mode = "drafter"\n# caf\xe9\n'.encode("latin-1"))
+    with pytest.raises(SystemExit, match=rf"dcoco train: --config: cannot read {bad} as UTF-8 TOML"):
+        cli.main(["train", "--config", str(bad), "--no-progress"])
+    five = _recipe(tmp_path / "five.toml", tiny_dirs, [])
+    five.write_text("stages = 5\n" + five.read_text())
+    with pytest.raises(SystemExit, match=r"--config .*five.toml: stages: expected \[\[stages\]\] tables, got 5"):
+        cli.main(["train", "--config", str(five), "--no-progress"])
+
+
+@pytest.mark.parametrize("damage", ["truncated", "garbage", "not a state"])
+def test_a_broken_train_state_is_named(tiny_dirs, tmp_path, damage):
+    import torch
+
+    out = tmp_path / "run"
+    assert _train(tiny_dirs, out, "--mode", "drafter", "--steps", "3", "--stop-at", "1") == 0
+    state = out / "train_state.pt"
+    if damage == "truncated":
+        state.write_bytes(state.read_bytes()[:1000])
+    elif damage == "garbage":
+        state.write_bytes(b"\x00not a zip" * 50)
+    else:
+        torch.save({"step": 1}, state)
+    for extra in (["--resume"], []):  # resuming, and the refusal that names the run's progress
+        with pytest.raises(SystemExit) as e:
+            _train(tiny_dirs, out, "--mode", "drafter", "--steps", "3", *extra)
+        assert str(e.value).startswith(f"dcoco train: {state}: not a ") and "--overwrite" in str(e.value)
+    assert _train(tiny_dirs, out, "--mode", "drafter", "--steps", "3", "--overwrite") == 0
+
+
+def test_a_log_cut_mid_line_resumes_and_a_broken_line_is_named(tiny_dirs, tmp_path):
+    out = tmp_path / "run"
+    assert _train(tiny_dirs, out, "--mode", "drafter", "--steps", "4", "--stop-at", "2", "--log-every", "1") == 0
+    log = out / "log.jsonl"
+    good = log.read_text()
+    log.write_text(good + '{"step": 3, "lo')  # a kill mid-write
+    assert _train(tiny_dirs, out, "--mode", "drafter", "--steps", "4", "--resume", "--log-every", "1") == 0
+    assert _steps(out) == [1, 2, 3, 4]
+    lines = log.read_text().splitlines()
+    log.write_text("\n".join(lines[:1] + ["{oops"] + lines[1:]) + "\n")
+    with pytest.raises(SystemExit, match=rf"dcoco train: {log}: line 2 is not JSON; remove it to resume"):
+        _train(tiny_dirs, out, "--mode", "drafter", "--steps", "4", "--resume")
+
+
+def test_resuming_a_finished_run_mends_its_serving_checkpoint(tiny_dirs, tmp_path):
+    """A finished run resumed over a hand-broken config.json exited 0 leaving a checkpoint that does not load;
+    now it warns and writes the serving files again from train_state.pt, the same bytes as before."""
+    from dcoco.modeling import checkpoint
+
+    out = tmp_path / "run"
+    assert _train(tiny_dirs, out, "--mode", "drafter", "--steps", "2") == 0
+    before = {f: (out / f).read_bytes() for f in ("config.json", "model.safetensors")}
+    (out / "config.json").write_text('{"architectures": ')
+    with pytest.warns(UserWarning, match=r"config.json: cannot read it as JSON .* writing .* serving checkpoint "
+                                         r"again from its train_state.pt"):
+        assert _train(tiny_dirs, out, "--mode", "drafter", "--steps", "2", "--resume") == 0
+    assert {f: (out / f).read_bytes() for f in before} == before
+    checkpoint.load(out)
+    assert _steps(out) == [1, 2]
+
+
+def test_a_save_killed_mid_write_leaves_nothing_behind_on_the_next_run(tiny_dirs, tmp_path):
+    out = tmp_path / "run"
+    assert _train(tiny_dirs, out, "--mode", "drafter", "--steps", "3", "--stop-at", "1") == 0
+    (out / ".tmp2").mkdir()
+    (out / ".tmp2" / "model.safetensors").write_bytes(b"half")
+    assert _train(tiny_dirs, out, "--mode", "drafter", "--steps", "3", "--resume") == 0
+    assert not (out / ".tmp2").exists()

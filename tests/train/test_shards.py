@@ -109,3 +109,32 @@ def test_ids_outside_uint16_are_refused(prompts_file, tmp_path):
     (gen / "shard-00000-of-00001.jsonl").write_text("".join(json.dumps(r) + "\n" for r in recs))
     with pytest.raises(SystemExit, match="row 1 turn 1 holds token ids that are not in 0..65535"):
         _pack(gen, prompts_file, tmp_path / "corpus")
+
+
+def test_samples_train_cannot_use_are_named_with_their_shard_and_line(target_dir, prompts_file, tmp_path):
+    """`dcoco train --data` reads through datagen.load: a bad sample is one line naming the shard file, its line
+    (or prompt row and turn) and what is wrong, not a traceback from inside training."""
+    stub, gen, corpus = Stub(spec=False), tmp_path / "gen", tmp_path / "corpus"
+    assert _gen(stub, target_dir, prompts_file, gen) == 0
+    vocab = max(max(p + r) for p, r in datagen.load(gen)) + 1
+    assert len(datagen.load(gen, vocab)) == 6
+    shard = gen / "shard-00000-of-00001.jsonl"
+    lines = shard.read_text().splitlines()
+    rec = json.loads(lines[1])
+    for edit, why in [(lambda s: s.update(response_ids=s["response_ids"] + [vocab]), rf"is not a token id in \[0, "
+                                                                                       rf"{vocab}\)"),
+                      (lambda s: s.update(prompt_ids=[]), "prompt_ids is empty"),
+                      (lambda s: s.update(response_ids=None), "response_ids is NoneType"),
+                      (lambda s: s.update(prompt_ids=[1, "2"]), r"prompt_ids \[1\] = '2' is not a token id")]:
+        bad = json.loads(json.dumps(rec))
+        edit(bad["samples"][-1])
+        shard.write_text("\n".join([lines[0], json.dumps(bad), *lines[2:]]) + "\n")
+        with pytest.raises(ValueError, match=rf"data: {shard} line 2: sample {len(rec['samples']) - 1}: .*{why}"):
+            datagen.load(gen, vocab)
+    shard.write_text("\n".join(lines) + "\n" + lines[0][:20])  # a cut last line: left out, as generate redoes it
+    assert len(datagen.load(gen, vocab)) == 6
+    shard.write_text("\n".join(lines) + "\n")
+    assert _pack(gen, prompts_file, corpus, "--flush") == 0
+    assert len(datagen.load(corpus, vocab)) == 6
+    with pytest.raises(ValueError, match=r"corpus: .*shard-00000.npz: row \d+ turn \d+ holds a token id >= "):
+        datagen.load(corpus, vocab - 1)

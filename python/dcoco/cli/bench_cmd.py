@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 
+from .arguments import seconds
 from .exits import exits
 
 
@@ -25,7 +26,7 @@ def arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--temperature", type=float, default=1.0, help="of the seeded runs (%(default)s)")
     p.add_argument("--concurrency", default="1", help="requests in flight, comma-separated to sweep, e.g. "
                                                       "1,4,8,16,32 (%(default)s)")
-    p.add_argument("--timeout", type=float, default=600.0, help="seconds to wait for each answer (%(default)s)")
+    p.add_argument("--timeout", type=seconds, default=600.0, help="seconds to wait for each answer (%(default)s)")
     p.add_argument("--thinking", action="store_true", help="thinking on (chat_template_kwargs.enable_thinking)")
     p.add_argument("--no-progress", action="store_true")
     sub = p.add_subparsers(dest="bench_cmd", metavar="compare")

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 
+from .arguments import seconds
 from .exits import exits
 
 
@@ -38,7 +39,7 @@ def _prompts_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--temperature", type=float, default=1.0, help="(%(default)s)")
     p.add_argument("--top-p", type=float, default=0.95, help="(%(default)s)")
     p.add_argument("--concurrency", type=int, default=64, help="requests in flight (%(default)s)")
-    p.add_argument("--timeout", type=float, default=600.0, help="seconds per request (%(default)s)")
+    p.add_argument("--timeout", type=seconds, default=600.0, help="seconds per request (%(default)s)")
     p.add_argument("--input", nargs="*", default=[], help="more chat JSONL files or folders to merge, every row")
     p.add_argument("--no-shipped", action="store_true",
                    help="leave out the prompts dcoco ships and the suites' training rows (every row from 32 on)")
@@ -83,7 +84,7 @@ def _generate_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--chat-template-kwargs", type=json.loads, default={},
                    help="more chat-template arguments, as JSON (sent to the server and used for the prompt ids)")
     p.add_argument("--concurrency", type=int, default=16, help="conversations in flight (%(default)s)")
-    p.add_argument("--timeout", type=float, default=600.0, help="seconds per answer (%(default)s)")
+    p.add_argument("--timeout", type=seconds, default=600.0, help="seconds per answer (%(default)s)")
     p.add_argument("--retokenize", action="store_true",
                    help="tokenize the answers' text instead of asking the server for token ids (return_token_ids: "
                         "vLLM has it; use this with servers that reject it)")

@@ -44,6 +44,8 @@ from ..target import corpus, smollm2
 from ..train import frozen
 from ..specdec import simulate
 from ..corrector import Corrector
+from ..modeling.domino import DominoHead
+from ..modeling.dspark import DSparkHead
 from ..modeling.selector import CandidateSelector
 from ..modeling.dflash import DFlashDrafter
 from ..suites import default_suites, load_suites
@@ -54,7 +56,7 @@ from ..specdec.engine import Engine, summarize
 from ..specdec.stats import tau_table
 from ..train.training import TrainConfig, train
 from . import demo_report as report
-from .demo_report import ANCHOR, CONTINUED, DFLASH2, FROZEN, ONLINE
+from .demo_report import ANCHOR, CONTINUED, DFLASH2, DOMINO, DSPARK, FROZEN, ONLINE
 
 from ..train.prompts import EVAL_ROWS_RESERVED  # the demo evaluates rows below it; training never sees them
 # training rows per suite of the shipped suites (data/suites; index >= EVAL_ROWS_RESERVED, shuffled with seed 0); aime25
@@ -198,7 +200,7 @@ def baseline_stages(size: Size, work: Path, data: corpus.Corpus, model, tok, dev
     """({name: (drafter, corrector or selector, info)}, caches) for dflash (from scratch), dflash-long (dflash +
     long_steps over the whole head: the baseline) and, on the frozen dflash-long drafter's cached outputs
     (frozen.py, one contract), corrector (DCOCO, L_corr), anchor (DCOCO with the anchor transition, beyond the
-    paper) and dflash2 (DFlash2's selector), corrector_steps each;
+    paper), dflash2 (DFlash2's selector), domino and dspark (the paper's baselines' heads), corrector_steps each;
     caches: frozen_stage's, for more frozen stages on the same drafter."""
     embed = model.get_input_embeddings().weight.detach()
     head = model.get_output_embeddings().weight.detach()
@@ -212,7 +214,10 @@ def baseline_stages(size: Size, work: Path, data: corpus.Corpus, model, tok, dev
     for name, make in (("corrector", lambda: Corrector(base[0].config.hidden_size)),
                        ("anchor", lambda: Corrector(base[0].config.hidden_size, anchor_transition=True)),
                        ("dflash2", lambda: CandidateSelector(base[0].config.hidden_size, base[0].config.vocab_size,
-                                                             SELECTOR_RANK))):
+                                                             SELECTOR_RANK)),
+                       ("domino", lambda: DominoHead(base[0].config.hidden_size, embed.shape[1],
+                                                     base[0].config.vocab_size)),
+                       ("dspark", lambda: DSparkHead(base[0].config.hidden_size, base[0].config.vocab_size))):
         out[name] = frozen_stage(work / name, make, size.corrector_steps, base, data, embed, head, device, caches,
                                  progress)
     return out, caches
@@ -238,7 +243,7 @@ def frozen_stage(out: Path, make, steps: int, base: tuple, data: corpus.Corpus, 
     cache, cache_seconds = caches[key]
     torch.manual_seed(0)
     m = make()
-    info = {"mode": "frozen drafter, cached outputs", **frozen.train(m, cache, embed, steps, FROZEN_BATCH,
+    info = {"mode": "frozen drafter, cached outputs", **frozen.train(m, cache, embed, head, steps, FROZEN_BATCH,
                                                                        progress=progress),
             "cached_blocks": len(cache["target"]), "cache_seconds": cache_seconds, "recipe": want,
             "parameters": sum(p.numel() for p in m.parameters())}
@@ -249,11 +254,17 @@ def frozen_stage(out: Path, make, steps: int, base: tuple, data: corpus.Corpus, 
     return drafter, m, info
 
 
-def _load_frozen(path: Path) -> Corrector | CandidateSelector:
+def _load_frozen(path: Path) -> frozen.Model:
     with safe_open(str(path / "model.safetensors"), "pt") as f:  # one read: the tensors and the stage's flag
         sd = {k: f.get_tensor(k) for k in f.keys()}
         anchor = (f.metadata() or {}).get("anchor_transition") == "true"
-    if "pred.weight" in sd:
+    if "gru.weight_hh_l0" in sd:
+        G, (mid, dg) = sd["gru.weight_hh_l0"].shape[1], sd["mix.weight"].shape
+        m = DominoHead(dg - G, sd["gru.weight_ih_l0"].shape[1], sd["out.weight"].shape[0], G, mid)
+    elif "markov_w1.weight" in sd:
+        (V, r), d = sd["markov_w1.weight"].shape, sd["confidence_proj.weight"].shape[1]
+        m = DSparkHead(d - r, V, r)
+    elif "pred.weight" in sd:
         m = CandidateSelector(sd["proj.weight"].shape[1], sd["pred.weight"].shape[0], sd["pred.weight"].shape[1])
     else:
         m = Corrector(sd["cand_proj.weight"].shape[1], width=sd["cand_proj.weight"].shape[0],
@@ -274,6 +285,8 @@ def methods(trained: dict, rules: tuple[str, ...]) -> dict[str, tuple]:
     out[CONTINUED] = (d2, None, "greedy")
     out[DFLASH2] = (d0, trained["dflash2"][1], "greedy")
     out[ANCHOR] = (d0, trained["anchor"][1], "greedy")
+    out[DOMINO] = (d0, trained["domino"][1], "greedy")
+    out[DSPARK] = (d0, trained["dspark"][1], "greedy")
     return out
 
 
@@ -318,7 +331,9 @@ def costs(engines: dict[str, Engine], repeats: int = 200) -> dict[str, dict]:
     for name, e in engines.items():
         if e.corrector is not None:
             out[name] = {"parameters": sum(p.numel() for p in e.corrector.parameters()),
-                         "flops_per_round": e.corrector.flops(c.block_size - 1, e.K),
+                         "flops_per_round": (e.corrector.flops(c.block_size - 1)
+                                             if isinstance(e.corrector, (DominoHead, DSparkHead))
+                                             else e.corrector.flops(c.block_size - 1, e.K)),
                          "select_ms_per_round": 1e3 * seconds(e), "argmax_ms_per_round": 1e3 * base}
     return out
 
@@ -345,7 +360,8 @@ def run(size: str = "default", device: str = "cpu", out: str | Path | None = Non
     per = simulate.simulate_all(engines, prompts, refs, s.sim_tokens, progress)
     overall = {m: [r for rs in suites.values() for r in rs] for m, suites in per.items()}
     sim = {"methods": simulate.report(per, "DFlash"), "max_new_tokens": s.sim_tokens,  # per suite too
-           "ratios": {base: tau_table(overall, base) for base in (FROZEN, ONLINE, CONTINUED, DFLASH2)},  # overall only
+           "ratios": {base: tau_table(overall, base) for base in (FROZEN, ONLINE, CONTINUED, DFLASH2, DOMINO,
+                                                                  DSPARK)},  # overall only
            "seconds": time.monotonic() - t1}
     ev = evaluate_all(model, engines, {n: p[:s.rows] for n, p in prompts.items()}, s.max_new_tokens, progress)
     res = {"size": size, "config": {**dataclasses.asdict(s), "layers": LAYERS, "block_size": BLOCK,

@@ -14,6 +14,7 @@ DFLASH2 = "DFlash + DFlash2 selector (frozen drafter)"
 FROZEN, ONLINE = "DCOCO, frozen drafter", "DCOCO online corrector (drafter not co-trained)"
 CONTINUED = "DFlash, trained on alone (the joint drafter's budget)"
 ANCHOR = "DCOCO anchor-aware, frozen drafter (beyond the paper)"
+DOMINO, DSPARK = "DFlash + Domino head (frozen drafter)", "DFlash + DSpark Markov head (frozen drafter)"
 
 
 def headline(ev: dict, sim: dict, rules: tuple[str, ...], dcoco: str, joint_corr_grad: float,
@@ -59,7 +60,7 @@ def headline(ev: dict, sim: dict, rules: tuple[str, ...], dcoco: str, joint_corr
             "tau_ratio_dflash2_ci": sel["ratio_ci"],
             "headroom_captured_dcoco": captured(dco["tau"]), "headroom_captured_frozen": captured(frozen["tau"]),
             "headroom_captured_joint": captured(joint["tau"]),
-            **anchor_keys(m, vs, real),
+            **anchor_keys(m, vs, real), **baseline_keys(m, vs),
             "headroom_captured_walk": {name: walk_share(row["overall"]["tau"], dfl) for name, row in m.items()},
             "speedup_dcoco_over_dflash": tps["dcoco"] / tps["dflash"], "coverage": dfl["coverage_tf"],
             "coverage_seen": dfl["coverage_tf_seen"], "simulated_prompts": dfl["prompts"],
@@ -77,6 +78,20 @@ def anchor_keys(m: dict, vs: dict, real: dict) -> dict:
             "tau_ratio_anchor_over_frozen": vs[FROZEN][ANCHOR]["ratio"],
             "tau_ratio_anchor_over_frozen_ci": vs[FROZEN][ANCHOR]["ratio_ci"],
             "tps_dcoco_anchor": real[ANCHOR]["overall"]["tokens_per_s"]}
+
+
+def baseline_keys(m: dict, vs: dict) -> dict:
+    """The paper's own baselines on the same frozen drafter, one contract (Domino's and DSpark's heads): tau,
+    DCOCO's frozen-drafter corrector over each (paired CIs), and the anchor-aware corrector over the stronger."""
+    best = max((DOMINO, DSPARK), key=lambda n: m[n]["overall"]["tau"] or 0)
+    return {"tau_domino": m[DOMINO]["overall"]["tau"], "tau_domino_ci": m[DOMINO]["overall"]["tau_ci"],
+            "tau_dspark": m[DSPARK]["overall"]["tau"], "tau_dspark_ci": m[DSPARK]["overall"]["tau_ci"],
+            "tau_ratio_dcoco_over_domino": vs[DOMINO][FROZEN]["ratio"],
+            "tau_ratio_dcoco_over_domino_ci": vs[DOMINO][FROZEN]["ratio_ci"],
+            "tau_ratio_dcoco_over_dspark": vs[DSPARK][FROZEN]["ratio"],
+            "tau_ratio_dcoco_over_dspark_ci": vs[DSPARK][FROZEN]["ratio_ci"], "best_baseline": best,
+            "tau_ratio_anchor_over_best_baseline": vs[best][ANCHOR]["ratio"],
+            "tau_ratio_anchor_over_best_baseline_ci": vs[best][ANCHOR]["ratio_ci"]}
 
 
 def walk_share(tau: float, dflash: dict) -> float | None:
@@ -142,6 +157,10 @@ def table(res: dict) -> str:
                  f"(/ DFlash2 selector {h['tau_ratio_anchor_over_dflash2']:.3f}x"
                  f"{_ci(h['tau_ratio_anchor_over_dflash2_ci'])}, / frozen corrector "
                  f"{h['tau_ratio_anchor_over_frozen']:.3f}x{_ci(h['tau_ratio_anchor_over_frozen_ci'])}); "
+                 f"DCOCO frozen / Domino {h['tau_ratio_dcoco_over_domino']:.3f}x"
+                 f"{_ci(h['tau_ratio_dcoco_over_domino_ci'])}, / DSpark {h['tau_ratio_dcoco_over_dspark']:.3f}x"
+                 f"{_ci(h['tau_ratio_dcoco_over_dspark_ci'])}, anchor-aware / the stronger ({h['best_baseline']}) "
+                 f"{h['tau_ratio_anchor_over_best_baseline']:.3f}x{_ci(h['tau_ratio_anchor_over_best_baseline_ci'])}; "
                  f"any-candidate oracle tau {h['tau_oracle_walk']:.3f}; lossless: {h['lossless']}")
     for name, c in res.get("costs", {}).items():
         lines.append(f"  {name}: {c['parameters'] / 1e3:.0f}k parameters, {c['flops_per_round']['greedy'] / 1e6:.1f} "

@@ -103,12 +103,14 @@ def recipe_options(path: str, argv: list[str]) -> tuple[argparse.Namespace, list
 
     try:
         data = tomllib.loads(Path(path).read_text())
-    except (OSError, tomllib.TOMLDecodeError) as e:
-        raise ValueError(f"--config: cannot read {path}: {e}") from None
+    except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError) as e:
+        raise ValueError(f"--config: cannot read {path} as UTF-8 TOML: {e}") from None
     p = argparse.ArgumentParser(prog="dcoco train")
     arguments(p)
     dests = set(vars(p.parse_args([]))) - {"config"}
     stages = data.pop("stages", [])
+    if not isinstance(stages, list) or not all(isinstance(st, dict) for st in stages):
+        raise ValueError(f"--config {path}: stages: expected [[stages]] tables, got {stages!r}")
     for where, keys in [("", data)] + [(f"[[stages]] {i + 1}: ", st) for i, st in enumerate(stages)]:
         allowed = sorted(dests if not where else stage_keys())
         bad = sorted(k for k in keys if k.replace("-", "_") not in allowed)

@@ -212,7 +212,10 @@ class DFlashDrafter(nn.Module):
         unexpected tensors, or a tensor of the wrong shape. architectures / skip_prefix: for layouts that
         extend DFlash's (their architecture name; their own tensors, left to their loader)."""
         path = Path(path)
-        config = DFlashConfig.from_dict(read_config(path), architectures)
+        try:
+            config = DFlashConfig.from_dict(read_config(path), architectures)
+        except (TypeError, ValueError) as e:  # the field's name alone does not say which checkpoint
+            raise ValueError(f"{path / 'config.json'}: {e}") from None
         # rotary inv_freq is derived from the config; transformers may have saved it
         tensors = read_tensors(path, lambda k: not k.endswith("rotary_emb.inv_freq")
                                and not (skip_prefix and k.startswith(skip_prefix)))

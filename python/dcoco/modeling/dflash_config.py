@@ -58,8 +58,9 @@ class DFlashConfig:
             raise ValueError(f"target_layer_ids: expected a non-empty list of layer indices < {top}, "
                              f"got {self.target_layer_ids!r}")
         for f in ("rms_norm_eps", "rope_theta"):
-            if not float(getattr(self, f)) > 0:
-                raise ValueError(f"{f}: expected a number > 0, got {getattr(self, f)!r}")
+            v = getattr(self, f)
+            if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or v <= 0:
+                raise ValueError(f"{f}: expected a finite number > 0, got {v!r}")
 
     def to_dict(self) -> dict:
         """config.json content: a qwen3 config plus block_size, num_target_layers and dflash_config."""
@@ -96,12 +97,12 @@ class DFlashConfig:
                                "vocab_size") if d.get(k) is None]
         missing += [k for k in ("mask_token_id", "block_size") if pick(k) is None]
         if missing:
-            raise ValueError(f"config.json: missing {', '.join(missing)}")
+            raise ValueError(f"missing {', '.join(missing)}")
         layers, ntl = d["num_hidden_layers"], d.get("num_target_layers")
         ids = pick("target_layer_ids")
         if ids is None:
             if ntl is None:
-                raise ValueError("config.json: missing dflash_config.target_layer_ids (and num_target_layers)")
+                raise ValueError("missing dflash_config.target_layer_ids (and num_target_layers)")
             ids = build_target_layer_ids(ntl, layers)
         rope = d.get("rope_parameters") or {}
         return cls(hidden_size=d["hidden_size"], intermediate_size=d["intermediate_size"], num_hidden_layers=layers,
@@ -134,4 +135,4 @@ def _check_supported(d: dict) -> None:
     }
     bad = [k for k, v in problems.items() if v]
     if bad:
-        raise ValueError(f"config.json: unsupported DFlash variant ({', '.join(bad)})")
+        raise ValueError(f"unsupported DFlash variant ({', '.join(bad)})")

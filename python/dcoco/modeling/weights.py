@@ -7,6 +7,8 @@ from pathlib import Path
 
 import torch
 
+STORED = (torch.float32, torch.bfloat16, torch.float16, torch.float64)  # what a checkpoint's weights are stored as
+
 
 def read_json(file: Path) -> dict:
     """A JSON object from file; ValueError naming the file when it is unreadable, not JSON, or not an object."""
@@ -42,8 +44,9 @@ def weight_files(path: str | Path) -> list[Path]:
 
 def read_tensors(path: str | Path, keep=lambda name: True) -> dict[str, torch.Tensor]:
     """The tensors named `keep` in a checkpoint directory's safetensors files, checked: a file that safetensors
-    cannot read (truncated, corrupt), a tensor stored in a non-floating dtype, or one holding NaN or inf is a
-    ValueError naming the file and the tensor. Every weight of both layouts is floating-point."""
+    cannot read (truncated, corrupt), a tensor stored in a dtype other than float32, bfloat16, float16 or float64
+    (integers, float8: no weight of either layout is stored so), or one holding NaN or inf is a ValueError naming
+    the file and the tensor."""
     from safetensors import SafetensorError, safe_open
 
     out = {}
@@ -56,9 +59,9 @@ def read_tensors(path: str | Path, keep=lambda name: True) -> dict[str, torch.Te
         except (SafetensorError, OSError) as e:
             raise ValueError(f"{f}: not a readable safetensors file ({e})") from None
         for k, t in out.items():
-            if not t.is_floating_point():
-                raise ValueError(f"{f}: tensor {k} is stored as {str(t.dtype).removeprefix('torch.')}; expected a "
-                                 "floating-point dtype")
+            if t.dtype not in STORED:
+                raise ValueError(f"{f}: tensor {k} is stored as {str(t.dtype).removeprefix('torch.')}; expected "
+                                 "float32, bfloat16, float16 or float64")
             bad = int((~t.isfinite()).sum())
             if bad:
                 raise ValueError(f"{f}: tensor {k} holds {bad} non-finite value(s) (NaN or inf) of {t.numel()}")
@@ -67,7 +70,10 @@ def read_tensors(path: str | Path, keep=lambda name: True) -> dict[str, torch.Te
 
 def check_storable(tensors: dict[str, torch.Tensor], dtype: torch.dtype) -> None:
     """ValueError naming the first floating tensor that is not finite, or whose values overflow dtype (float16's
-    65504): a checkpoint never stores what it cannot read back as the weights."""
+    65504): a checkpoint never stores what it cannot read back as the weights. TypeError for a dtype a save does
+    not write (STORED)."""
+    if dtype not in STORED:
+        raise TypeError(f"dtype: expected torch.float32, torch.bfloat16, torch.float16 or torch.float64, got {dtype!r}")
     for k, v in tensors.items():
         if not v.is_floating_point():
             continue

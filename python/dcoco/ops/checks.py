@@ -145,6 +145,24 @@ def check_table_args(embed, cand_proj, fuse_proj, device_types=None) -> tuple[in
     return V, d, r
 
 
+WEIGHT_EXPONENT = 64  # the geometric rule's weights lam^p stay within [2^-64, 2^64]
+
+
+def geometric_lam(lam: float, transitions: int) -> None:
+    """The geometric rule weighs transition p by lam^p (p < transitions). Within [2^-WEIGHT_EXPONENT,
+    2^WEIGHT_EXPONENT] those weights times any score a corrector gives stay normal float32 numbers; beyond, path
+    values overflow to inf (or underflow) and tie, and the walk no longer finds the optimum. Within, it finds it
+    up to float32 rounding of the path sums: a transition weighted under 2^-24 of the largest only breaks ties."""
+    if not (math.isfinite(lam) and lam > 0):
+        raise ValueError(f"lam: expected a finite lambda > 0 for the geometric rule, got {lam}")
+    top = transitions - 1
+    if top > 0 and abs(top * math.log2(lam)) > WEIGHT_EXPONENT:
+        lo, hi = 2 ** (-WEIGHT_EXPONENT / top), 2 ** (WEIGHT_EXPONENT / top)
+        raise ValueError(f"lam: {lam:g}^{top} (the last of {transitions} transitions' weight) is beyond "
+                         f"[2^-{WEIGHT_EXPONENT}, 2^{WEIGHT_EXPONENT}], where float32 path sums lose the scores; "
+                         f"expected lam in [{lo:.4g}, {hi:.4g}] for B = {transitions + 1}")
+
+
 def check_select(scores, first_logits, rule, lam, device_types=None) -> tuple[int, int, int]:
     float_tensor("scores", scores, 4)
     float_tensor("first_logits", first_logits, 2)
@@ -156,7 +174,7 @@ def check_select(scores, first_logits, rule, lam, device_types=None) -> tuple[in
         raise ValueError(f"scores: expected 1 <= K <= {MAX_CANDIDATES}, got K={K}")
     if rule not in RULES:
         raise ValueError(f"rule: expected one of {sorted(RULES)}, got {rule!r}")
-    if rule == "geometric" and not (math.isfinite(lam) and lam > 0):
-        raise ValueError(f"lam: expected a finite lambda > 0 for the geometric rule, got {lam}")
+    if rule == "geometric":
+        geometric_lam(lam, T)
     same_device({"scores": scores, "first_logits": first_logits}, device_types)
     return R, T + 1, K

@@ -57,12 +57,17 @@ def _chunks(budget: int, R: int, B: int, K: int, d: int, H: int, itemsize: int, 
     return _rows_per_chunk(max((B - 1) * K * K * H, B * K * d if embed_rows else 0), itemsize, budget)
 
 
+def checks_ids(ids: torch.Tensor) -> bool:
+    """Whether ids are range-checked here: on the CPU, eager. Elsewhere a check would sync with the host."""
+    return ids.device.type == "cpu" and not is_compiling()
+
+
 def _checked_ids(cand_ids: torch.Tensor, cand_logits: torch.Tensor, V: int) -> tuple[torch.Tensor, torch.Tensor]:
     """int64 ids in [0, V). On the CPU (eager) an id outside raises IndexError naming it, as the fused core
     does; elsewhere a check would sync with the host, so, like the CUDA kernel, such a candidate reads a row
     in range and gets a NaN logit: it is never selected."""
     ids = cand_ids.long()
-    if ids.device.type == "cpu" and not is_compiling():
+    if checks_ids(ids):
         bad = (ids < 0) | (ids >= V)
         if bad.any():
             q, p, k = (int(i) for i in bad.nonzero()[0])

@@ -24,9 +24,14 @@ from ..ops import fused
 from ..corrector import Corrector
 from ..modeling.dflash import DFlashDrafter
 from ..ops.select import sample, select
+from ..modeling.domino import DominoHead
+from ..modeling.dspark import DSparkHead
 from ..modeling.selector import CandidateSelector
 
 KS = (1, 2, 4, 8, 16)  # coverage is reported for the drafter's top-k at these k
+# the baselines that draft slot by slot, greedily, each slot's pick known before the next is scored: DFlash2's
+# selector over the top-K candidates, Domino's and DSpark's heads over the whole vocabulary
+SEQUENTIAL = (CandidateSelector, DominoHead, DSparkHead)
 
 
 @dataclasses.dataclass
@@ -157,9 +162,9 @@ class Engine:
                  draft_sample_method: str = "greedy"):
         if not isinstance(drafter, DFlashDrafter):
             raise TypeError(f"drafter: expected a DFlashDrafter, got {type(drafter).__name__}")
-        if corrector is not None and not isinstance(corrector, (Corrector, CandidateSelector)):
-            raise TypeError(f"corrector: expected a dcoco.Corrector, a CandidateSelector or None, got "
-                            f"{type(corrector).__name__}")
+        if corrector is not None and not isinstance(corrector, (Corrector, *SEQUENTIAL)):
+            raise TypeError(f"corrector: expected a dcoco.Corrector, a CandidateSelector, a DominoHead, a DSparkHead "
+                            f"or None, got {type(corrector).__name__}")
         self.embed = target.get_input_embeddings().weight.detach()
         self.head = target.get_output_embeddings().weight.detach()
         V = self.head.shape[0]
@@ -171,18 +176,21 @@ class Engine:
         if corrector is not None and corrector.hidden_size != drafter.config.hidden_size:
             raise ValueError(f"corrector: hidden_size {corrector.hidden_size} differs from the drafter's "
                              f"{drafter.config.hidden_size}")
+        if isinstance(corrector, DominoHead) and corrector.embed_size != self.embed.shape[1]:
+            raise ValueError(f"corrector: a DominoHead's embed_size {corrector.embed_size} differs from the target "
+                             f"embedding's {self.embed.shape[1]}")
         self.check_selection(rule, lam, num_candidates)
         self.target, self.drafter, self.corrector = target, drafter, corrector
         self.rule, self.lam = rule, float(lam)
         self.K = min(num_candidates, V)
         self.top = min(max(self.K, max(KS)), V)  # candidates kept per slot: K for selection, up to 16 for coverage
         self.eos = _eos_set(target, eos_token_id)
-        if isinstance(corrector, CandidateSelector) and (rule != "greedy" or corrector.vocab_size != V):
-            raise ValueError(f"corrector: a CandidateSelector walks greedily over a vocabulary of {V}; got rule "
-                             f"{rule!r}, vocab_size {corrector.vocab_size}")
+        if isinstance(corrector, SEQUENTIAL) and (rule != "greedy" or corrector.vocab_size != V):
+            raise ValueError(f"corrector: a {type(corrector).__name__} drafts greedily over a vocabulary of {V}; got "
+                             f"rule {rule!r}, vocab_size {corrector.vocab_size}")
         if draft_sample_method not in ("greedy", "probabilistic"):
             raise ValueError(f"draft_sample_method: expected 'greedy' or 'probabilistic', got {draft_sample_method!r}")
-        if draft_sample_method == "probabilistic" and (rule != "greedy" or isinstance(corrector, CandidateSelector)):
+        if draft_sample_method == "probabilistic" and (rule != "greedy" or isinstance(corrector, SEQUENTIAL)):
             raise ValueError("draft_sample_method: 'probabilistic' samples the corrector's greedy walk (rule "
                              f"'greedy', a dcoco.Corrector or none), got rule {rule!r} with "
                              f"{type(corrector).__name__}")
@@ -202,7 +210,7 @@ class Engine:
     def select(self, h: torch.Tensor, anchor_ids: torch.Tensor,
                top: tuple[torch.Tensor, torch.Tensor] | None = None) -> tuple[torch.Tensor, ...]:
         """Blocks' drafter hidden states h (R,B+1,d) (position 0 the anchor's) and anchor tokens (R,) -> the drafted
-        tokens (R,B) (argmax, or the corrector's pick by rule, or the DFlash2 selector's walk), the candidates' ids
+        tokens (R,B) (argmax, the corrector's pick by rule, or a SEQUENTIAL baseline's drafts), the candidates' ids
         and logits (R,B,top) sorted by logit, and h (R,B+1,d) in the embedding's dtype. One path for decoding (R=1)
         and simulation (every anchor at once). top: (ids, logits) of the slots' top self.top candidates when
         already computed (the simulation shares them between engines with one drafter)."""
@@ -216,6 +224,10 @@ class Engine:
             drafted = ids[..., 0]
         elif isinstance(c, CandidateSelector):
             drafted = c(hc[:, 1:], ids, vals, anchor_ids)[1]
+        elif isinstance(c, DominoHead):
+            drafted = c(hc[:, 1:], DFlashDrafter.compute_logits(hc[:, 1:], self.head), anchor_ids, self.embed)
+        elif isinstance(c, DSparkHead):
+            drafted = c(hc[:, 1:], DFlashDrafter.compute_logits(hc[:, 1:], self.head), anchor_ids)[0]
         elif self.rule == "greedy":
             h, kw = self._hidden(hc, ids.shape[1], anchor_ids)
             drafted = c(h, ids, vals, self.embed, **kw)[1]

@@ -87,20 +87,57 @@ def done_keys(path: Path) -> set[tuple[str, int]]:
     return {(r["source"], r["row"]) for r in read_records(path)}
 
 
-def load(folder: str | Path) -> list[tuple[list[int], list[int]]]:
+def load(folder: str | Path, vocab_size: int | None = None) -> list[tuple[list[int], list[int]]]:
     """[(prompt ids, response ids)] of every sample of every shard in folder, in (source, row, turn) order; a
-    packed corpus (a folder with shards.MANIFEST, `dcoco data pack`) is read through shards.load."""
+    packed corpus (a folder with shards.MANIFEST, `dcoco data pack`) is read through shards.load. Every sample is
+    checked (ids are ints, in [0, vocab_size) when given; a non-empty prompt): ValueError names the shard, its line
+    and the sample of the first it cannot use. Samples with an empty answer are left out."""
     from . import shards
 
     if (Path(folder) / shards.MANIFEST).is_file():
-        return shards.load(folder)
+        return shards.load(folder, vocab_size=vocab_size)
     recs = []
     for f in sorted(Path(folder).glob("shard-*.jsonl")):
-        recs += read_records(f)
+        try:  # a cut last line is a conversation the next generate run redoes: left out here too
+            lines = list(read_lines(f.read_text(encoding="utf-8"), appended=True))
+        except (BadLine, UnicodeDecodeError) as e:
+            raise ValueError(f"data: {f}: line {getattr(e, 'line', '?')} is not JSON ({e})") from None
+        for n, r in lines:
+            recs.append((_samples(r, vocab_size, f"data: {f} line {n}"), r))
     if not recs:
         raise ValueError(f"data: no generated samples in {folder} (dcoco data generate writes shard-*.jsonl)")
-    recs.sort(key=lambda r: (r["source"], r["row"]))
-    return [(s["prompt_ids"], s["response_ids"]) for r in recs for s in r["samples"] if s["response_ids"]]
+    recs.sort(key=lambda sr: (sr[1]["source"], sr[1]["row"]))
+    return [sample for samples, _ in recs for sample in samples]
+
+
+def _samples(rec, vocab_size: int | None, where: str) -> list[tuple[list[int], list[int]]]:
+    """The (prompt ids, response ids) of one generated record, checked; ValueError `where: ...` otherwise."""
+    if not isinstance(rec, dict) or not isinstance(rec.get("source"), str) or not isinstance(rec.get("row"), int) \
+            or not isinstance(rec.get("samples"), list):
+        raise ValueError(f"{where}: expected {{\"source\", \"row\", \"samples\": [...]}}, got {str(rec)[:80]}")
+    out = []
+    for j, s in enumerate(rec["samples"]):
+        if not isinstance(s, dict):
+            raise ValueError(f"{where}: sample {j}: expected an object, got {str(s)[:80]}")
+        for key in ("prompt_ids", "response_ids"):
+            why = bad_ids(s.get(key), vocab_size, empty=key == "response_ids")
+            if why:
+                raise ValueError(f"{where}: sample {j}: {key} {why}")
+        if s["response_ids"]:
+            out.append((s["prompt_ids"], s["response_ids"]))
+    return out
+
+
+def bad_ids(ids, vocab_size: int | None, empty: bool = False) -> str | None:
+    """Why ids is not a list of token ids (ints in [0, vocab_size) when given; empty only when allowed), or None."""
+    if not isinstance(ids, list):
+        return f"is {type(ids).__name__}, expected a list of token ids"
+    if not ids and not empty:
+        return "is empty"
+    for i, x in enumerate(ids):
+        if isinstance(x, bool) or not isinstance(x, int) or x < 0 or (vocab_size is not None and x >= vocab_size):
+            return f"[{i}] = {x!r} is not a token id in [0, {vocab_size if vocab_size is not None else 'V'})"
+    return None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -154,14 +191,10 @@ class Generator:
     def invalid(self, answer: dict, prompt_ids: list[int]) -> str | None:
         """Why a served answer cannot be a training sample (None: it can): ids that are not token ids of this
         vocabulary, prompt ids other than this tokenizer's chat template gives, or an empty answer."""
-        def token(x) -> bool:
-            return isinstance(x, int) and not isinstance(x, bool) and 0 <= x < self.vocab
-
         for key in ("token_ids", "prompt_token_ids"):
-            ids = answer.get(key)
-            bad = [ids] if ids is not None and not isinstance(ids, list) else [x for x in ids or () if not token(x)]
-            if bad:
-                return f"{key} holds {bad[0]!r}, not a token id in 0..{self.vocab - 1}"
+            why = None if answer.get(key) is None else bad_ids(answer[key], self.vocab, empty=True)
+            if why:
+                return f"{key} {why}"
         served = answer.get("prompt_token_ids")
         if served is not None and served != prompt_ids:  # what the target saw is what its answer follows
             return (f"the server's prompt ids differ from this tokenizer's chat template ({len(served)} vs "

@@ -1,7 +1,9 @@
 """Correctors trained on a frozen drafter's cached outputs. The drafter runs once over the corpus (every anchor,
 up to a cap per sequence): its hidden states, top-K candidate ids and logits per drafted slot, the anchor token and
 the verifier's tokens are kept; then every training step costs only the corrector. One contract for DCOCO's
-corrector (L_corr) and DFlash2's selector (its cross-entropy): the same cache, steps, batch and optimizer."""
+corrector (L_corr), DFlash2's selector (its cross-entropy) and Domino's and DSpark's heads (their own losses, over
+the whole vocabulary: the drafter's logits U are the cached hidden states through the target's head): the same
+cache, steps, batch and optimizer."""
 
 from __future__ import annotations
 
@@ -15,6 +17,8 @@ from ..target.corpus import Corpus
 from ..corrector import Corrector
 from ..modeling.dflash import DFlashDrafter
 from ..loss import correction_loss
+from ..modeling.domino import DominoHead, curriculum
+from ..modeling.dspark import DSparkHead
 from ..modeling.selector import CandidateSelector
 from .batches import _gen, sample_anchors
 from .optim import warmup_cosine
@@ -66,10 +70,23 @@ def build(drafter: DFlashDrafter, data: Corpus, embed: torch.Tensor, head: torch
     return out
 
 
-def objective(model: Corrector | CandidateSelector, b: dict[str, torch.Tensor], embed: torch.Tensor,
-              rho: float = 4.0) -> torch.Tensor:
-    """The model's own loss on a batch of cached blocks: L_corr for DCOCO, the selector's cross-entropy."""
+Model = Corrector | CandidateSelector | DominoHead | DSparkHead
+
+
+def objective(model: Model, b: dict[str, torch.Tensor], embed: torch.Tensor, head: torch.Tensor,
+              rho: float = 4.0, done: float = 0.0) -> torch.Tensor:
+    """The model's own loss on a batch of cached blocks: L_corr for DCOCO, the selector's cross-entropy, Domino's
+    curriculum loss at lam = curriculum(done, 1) (done: the share of training behind), DSpark's loss against the
+    point mass at the verifier's token (the corpus keeps the target's greedy tokens, not its distributions: that
+    point mass is what greedy verification accepts, so c* is the draft's chance of acceptance)."""
     h, ids, vals = b["hidden"].float(), b["cand_ids"].long(), b["cand_logits"]
+    if isinstance(model, (DominoHead, DSparkHead)):
+        with torch.no_grad():
+            U = DFlashDrafter.compute_logits(h, head).float()
+        target = b["target"].long().masked_fill(~b["valid"], 0)  # past the response: weight 0, any id
+        if isinstance(model, DominoHead):
+            return model.loss(h, U, b["anchor_ids"], target, b["valid"], embed, curriculum(done, 1))
+        return model.loss(h, U, b["anchor_ids"], target, b["valid"])
     if isinstance(model, Corrector):
         if not model.anchor_transition:
             return correction_loss(model.score(h, ids, vals, embed), ids, b["target"], b["valid"], rho)
@@ -79,7 +96,7 @@ def objective(model: Corrector | CandidateSelector, b: dict[str, torch.Tensor], 
     return model.loss(h, ids, vals, b["anchor_ids"], b["target"], b["valid"])
 
 
-def train(model: Corrector | CandidateSelector, cache: dict[str, torch.Tensor], embed: torch.Tensor, steps: int,
+def train(model: Model, cache: dict[str, torch.Tensor], embed: torch.Tensor, head: torch.Tensor, steps: int,
           batch: int = 256, lr: float = 6e-4, warmup: float = 0.04, seed: int = 0,
           progress: bool = True) -> dict:
     """AdamW with linear warm-up and cosine decay over `steps` steps of `batch` cached blocks drawn at random
@@ -94,9 +111,9 @@ def train(model: Corrector | CandidateSelector, cache: dict[str, torch.Tensor], 
     N, losses, t0 = len(cache["target"]), [], time.monotonic()
     model.train()
     bar = tqdm(range(steps), desc=f"{type(model).__name__} on cached drafts", disable=not progress)
-    for _ in bar:
+    for step in bar:
         idx = torch.randint(0, N, (batch,), generator=g)
-        loss = objective(model, {k: v[idx] for k, v in cache.items()}, embed)
+        loss = objective(model, {k: v[idx] for k, v in cache.items()}, embed, head, done=step / steps)
         opt.zero_grad(set_to_none=True)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)

@@ -7,6 +7,7 @@ import fcntl
 import json
 import os
 import random
+import shutil
 import threading
 from pathlib import Path
 
@@ -14,6 +15,8 @@ import torch
 import torch.distributed as dist
 from tqdm import tqdm
 
+from ..files import write_text_atomic
+from ..jsonl import BadLine, read_lines
 from ..modeling import checkpoint
 from ..corrector import Corrector
 from ..modeling.dflash import DFlashDrafter
@@ -21,6 +24,8 @@ from .config import RESUME_KEYS, TrainConfig
 from .objective import Objective
 
 STATE = "train_state.pt"
+STATE_KEYS = ("step", "total", "world", "config", "drafter", "corrector", "optimizer", "scheduler", "rng")
+SAVING = ".tmp"  # + step: a save in progress inside the run folder
 RUN_FILES = (STATE, "config.json", "model.safetensors", "log.jsonl", "eval.jsonl")  # what a run leaves in its out
 
 
@@ -69,7 +74,7 @@ class Saver:
 
     def _write(self, out: Path, step: int, drafter, corrector, state: dict, dtype: torch.dtype) -> None:
         try:
-            tmp = out / f".tmp{step}"
+            tmp = out / f"{SAVING}{step}"
             checkpoint.save(tmp, drafter, corrector, dtype=dtype)  # written whole and fsynced
             # one file at a time into the run folder (it holds the logs too): every save of a run writes the
             # same config.json, so a reader between the two renames still finds a matching pair
@@ -118,8 +123,25 @@ def saved_progress(out: str | Path) -> tuple[int, int] | None:
     path = Path(out) / STATE
     if not path.is_file():
         return None
-    state = torch.load(path, map_location="cpu", weights_only=False, mmap=True)  # mmap: weights are not read
+    state = read_state(Path(out), mmap=True)  # mmap: weights are not read
     return state["step"], state["total"]
+
+
+def read_state(out: Path, mmap: bool = False) -> dict:
+    """out's train_state.pt; ValueError naming the file when it is missing, cut short or not a training state."""
+    path = out / STATE
+    if not path.is_file():
+        raise ValueError(f"resume: no {STATE} in {out}")
+    try:
+        state = torch.load(path, map_location="cpu", weights_only=False, mmap=mmap)
+    except Exception as e:  # noqa: BLE001 (torch.load's errors for a bad file are of many types)
+        raise ValueError(f"{path}: not a readable training state ({type(e).__name__}: {str(e)[:120]}); pass "
+                         f"overwrite (--overwrite) to train from the start") from None
+    missing = [k for k in STATE_KEYS if not isinstance(state, dict) or k not in state]
+    if missing:
+        raise ValueError(f"{path}: not a training state (no {', '.join(missing)}); pass overwrite (--overwrite) to "
+                         f"train from the start")
+    return state
 
 
 LOCK = ".lock"  # held by the process that writes the run (fcntl.flock; the OS drops it when that process dies)
@@ -151,6 +173,8 @@ class RunLock:
         f.write(f"{os.getpid()}\n")
         f.flush()
         self._file = f
+        for stale in self.out.glob(f"{SAVING}*"):  # what a save killed mid-write left (the lock says none runs)
+            shutil.rmtree(stale, ignore_errors=True)
         return self
 
     def release(self) -> None:
@@ -201,24 +225,28 @@ def _differences(saved: dict, cfg: TrainConfig, keys) -> list[str]:
 def run_differences(out: str | Path, cfg: TrainConfig) -> list[str]:
     """How the run saved in out differs from cfg in what shapes its trajectory (RESUME_KEYS) or its length
     (epochs, steps); [] when it is the same run. A recipe rerun skips or resumes a stage only then."""
-    state = torch.load(Path(out) / STATE, map_location="cpu", weights_only=False, mmap=True)
+    state = read_state(Path(out), mmap=True)
     return _differences(state["config"], cfg, RESUME_KEYS + ("epochs", "steps"))
 
 
 def _keep_steps(path: Path, last: int) -> None:
-    """Drop the records of a JSONL log after step `last` (rank 0): a resumed run logs those steps again."""
+    """Drop the records of a JSONL log after step `last` (rank 0): a resumed run logs those steps again. A last
+    line cut by a kill mid-write goes too; any other line that is not a JSON record is a ValueError naming it."""
     if path.is_file():
-        keep = [line for line in path.read_text().splitlines(keepends=True)
-                if line.strip() and json.loads(line).get("step", 0) <= last]
-        tmp = path.with_suffix(".tmp")
-        tmp.write_text("".join(keep))
-        os.replace(tmp, path)
+        keep = []
+        try:
+            for n, rec in read_lines(path.read_text(encoding="utf-8", errors="replace"), appended=True):
+                if not isinstance(rec, dict):
+                    raise ValueError(f"{path}: line {n} is not a JSON object; remove it to resume")
+                if rec.get("step", 0) <= last:
+                    keep.append(json.dumps(rec) + "\n")
+        except BadLine as e:
+            raise ValueError(f"{path}: line {e.line} is not JSON; remove it to resume") from None
+        write_text_atomic(path, "".join(keep))
 
 
 def resume(out: Path, cfg: TrainConfig, total: int, world: int, objective: Objective, opt, lr_sched) -> int:
-    if not (out / STATE).is_file():
-        raise ValueError(f"resume: no {STATE} in {out}")
-    state = torch.load(out / STATE, map_location="cpu", weights_only=False)
+    state = read_state(out)
     diff = _differences(state["config"], cfg, RESUME_KEYS)
     saved = {**dataclasses.asdict(TrainConfig()), **state["config"]}
     if state["total"] != total:

@@ -148,9 +148,11 @@ def _manifest(prompts: int, shards: list[dict], settings: dict) -> dict:
             "sources": {k: dict(sources[k]) for k in sorted(sources)}, "settings": settings, "shards": shards}
 
 
-def load(corpus: str | Path, verify: bool = True) -> list[tuple[list[int], list[int]]]:
+def load(corpus: str | Path, verify: bool = True, vocab_size: int | None = None) -> list[tuple[list[int], list[int]]]:
     """[(prompt ids, response ids)] of every sample of the corpus, in shard order (rows ascending in each).
-    verify: check each shard's sha256 against the manifest (a corrupt or replaced shard is named)."""
+    verify: check each shard's sha256 against the manifest (a corrupt or replaced shard is named). A shard whose
+    arrays do not fit together, or a sample with an id >= vocab_size (when given), is a ValueError naming the
+    shard, the prompt row and the turn."""
     corpus = Path(corpus)
     out = []
     for s in read_manifest(corpus)["shards"]:
@@ -161,6 +163,15 @@ def load(corpus: str | Path, verify: bool = True) -> list[tuple[list[int], list[
             raise ValueError(f"corpus: {path} does not match its sha256 in the manifest")
         with np.load(path) as z:
             ids, lengths, plen = z["ids"].astype(np.int64), z["lengths"], z["prompt_lengths"]
+            rows, turns = z["rows"], z["turns"]
+        if lengths.sum() != len(ids) or not (len(plen) == len(rows) == len(turns) == len(lengths)) \
+                or ((plen < 1) | (plen >= lengths)).any():
+            raise ValueError(f"corpus: {path}: its arrays do not fit together (ids, lengths, prompt_lengths, rows, "
+                             f"turns); rebuild it with dcoco data pack")
         ends = np.cumsum(lengths)
+        if vocab_size is not None and len(ids) and ids.max() >= vocab_size:
+            j = int(np.searchsorted(ends, int(np.argmax(ids >= vocab_size)), side="right"))
+            raise ValueError(f"corpus: {path}: row {int(rows[j])} turn {int(turns[j]) + 1} holds a token id >= "
+                             f"{vocab_size}, the target's vocabulary")
         out += [(ids[e - n:e - n + p].tolist(), ids[e - n + p:e].tolist()) for e, n, p in zip(ends, lengths, plen)]
     return out

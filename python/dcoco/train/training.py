@@ -8,6 +8,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import time
+import warnings
 from pathlib import Path
 
 import torch
@@ -89,6 +90,8 @@ def train(cfg: TrainConfig, corpus: Corpus | TokenCorpus, embed: torch.Tensor, h
 
         history, t0, step, end = [], time.monotonic(), start, min(total, cfg.stop_at or total)
         saver = Saver()
+        if rank == 0 and start >= end and not _serving_loads(out):  # finished: its checkpoint must still load
+            saver.save(out, cfg, step, total, world, objective, opt, lr_sched)
         bar = tqdm(total=total, initial=start, desc=f"train {cfg.mode}", disable=rank != 0 or not progress)
         while step < end:
             t_step = time.monotonic()
@@ -118,6 +121,19 @@ def train(cfg: TrainConfig, corpus: Corpus | TokenCorpus, embed: torch.Tensor, h
         if lock is not None:
             lock.release()
     return TrainResult(drafter, corrector, step, history)
+
+
+def _serving_loads(out: Path) -> bool:
+    """Whether the serving checkpoint in out loads; warns naming what is wrong when it does not (a resumed,
+    finished run then writes it again from train_state.pt)."""
+    from ..modeling import checkpoint
+
+    try:
+        checkpoint.load(out)
+    except ValueError as e:
+        warnings.warn(f"{e}; writing {out}'s serving checkpoint again from its train_state.pt", stacklevel=3)
+        return False
+    return True
 
 
 def _check_inputs(cfg, corpus, drafter, target) -> None:
