@@ -618,5 +618,5 @@ def test_anchor_checkpoint_round_trip_and_frozen_training(target, corpus, tmp_pa
     save_file({k: v for k, v in cache.items() if k != "anchor_hidden"}, str(path))
     assert set(frozen_mod.build(drafter, corpus, embed, head, num_candidates=32, anchors=4, path=path,
                                 progress=False)) == set(frozen_mod.KEYS)
-    info = frozen_mod.train(corrector, cache, embed, 3, batch=8, progress=False)
+    info = frozen_mod.train(corrector, cache, embed, head, 3, batch=8, progress=False)
     assert info["steps"] == 3 and info["final_loss"] > 0
