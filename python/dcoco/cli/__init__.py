@@ -16,7 +16,8 @@ COMMANDS = {  # name: (module, help), in the order `dcoco --help` lists them
                                            "vLLM serves)"),
     "data": (data_cmd, "training data through a serving engine: `prompts` written by the target itself, the "
                        "target's answers (`generate`), packed into shards (`pack`)"),
-    "export": (export_cmd, "rewrite a serving checkpoint: another dtype, or the drafter alone"),
+    "export": (export_cmd, "rewrite a serving checkpoint: another dtype, the drafter alone, or the drafter with a "
+                           "DSpark head (vLLM's qwen3_dspark layout)"),
     "train": (train_cmd, "train a DFlash drafter and/or the corrector (works under torchrun)"),
     "eval": (eval_cmd, "tau, oracle tau, coverage and tokens/s over prompt suites, against target-only decoding in "
                        "the same run"),

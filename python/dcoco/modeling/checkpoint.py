@@ -1,13 +1,23 @@
-"""The serving checkpoint: the DFlash layout (what vLLM's DFlash loader reads) plus the corrector.
+"""The serving checkpoint: the DFlash layout (what vLLM's DFlash loader reads) plus the corrector; and the
+Qwen3 DSpark layout (what vLLM's qwen3_dspark.py reads) for a DFlash drafter with DSpark's heads.
 
 config.json: the drafter's DFlash config with `architectures: ["DFlashDCOCODraftModel"]` and
 `dcoco_config: {num_candidates, width, mlp_hidden, selection, anchor_transition}` (anchor_transition absent: off,
 the paper's corrector); model.safetensors: the drafter's tensors
 and the corrector's under `corrector.` (Corrector's state_dict names). Without a corrector it is a plain
-DFlash checkpoint."""
+DFlash checkpoint.
+
+The DSpark layout (save_dspark, load_dspark): the same DFlash config and drafter tensors with
+`architectures: ["Qwen3DSparkModel"]`, `markov_rank`, `markov_head_type: "vanilla"`, the confidence head on and
+reading the Markov embedding (`enable_confidence_head`, `confidence_head_with_markov`), and
+`sample_from_anchor: false` / `dspark_bonus_anchor: true`: the block is DFlash's [anchor, mask x N], the mask
+slots predict, and the Markov walk starts from the anchor token, the contract DSparkHead is trained under. The
+head's tensors go under vLLM's names: markov_head.markov_w1.weight (V,r), markov_head.markov_w2.weight (V,r),
+confidence_head.proj.weight (1,d+r) and confidence_head.proj.bias (1,), zero: DSparkHead has no bias."""
 
 from __future__ import annotations
 
+import json
 import os
 from pathlib import Path
 
@@ -17,11 +27,18 @@ from ..ops import fused
 from ..corrector import Corrector
 from .dflash import ARCHITECTURE as DFLASH_ARCHITECTURE
 from .dflash import DFlashDrafter
+from .dspark import DSparkHead
 from ..files import replacing_folder
 from .weights import check_state, read_config, read_tensors
 
 ARCHITECTURE = "DFlashDCOCODraftModel"
 PREFIX = "corrector."
+DSPARK_ARCHITECTURE = "Qwen3DSparkModel"
+DSPARK_NAMES = {"markov_w1.weight": "markov_head.markov_w1.weight",  # DSparkHead's names -> the checkpoint's
+                "markov_w2.weight": "markov_head.markov_w2.weight",
+                "confidence_proj.weight": "confidence_head.proj.weight"}
+DSPARK_BIAS = "confidence_head.proj.bias"
+DSPARK_PREFIXES = ("markov_head.", "confidence_head.")
 
 
 def _not_checkpoint_file(name: str) -> bool:
@@ -40,9 +57,14 @@ def save(path: str | Path, drafter: DFlashDrafter, corrector: Corrector | None =
         raise TypeError(f"drafter: expected a DFlashDrafter, got {type(drafter).__name__}")
     if corrector is not None:
         _check_corrector(drafter, corrector, selection)
+    _replace(path, lambda tmp: _write(tmp, drafter, corrector, selection, dtype))
+
+
+def _replace(path: str | Path, write) -> None:
+    """write(tmp) into a new folder that then takes path's place in one step (save's guarantees)."""
     try:
         with replacing_folder(path, carry=_not_checkpoint_file) as tmp:
-            _write(tmp, drafter, corrector, selection, dtype)
+            write(tmp)
             mode = 0o666 & ~_umask()  # safetensors writes 0600; a serving user other than the owner must read it
             for f in tmp.iterdir():
                 os.chmod(f, mode)
@@ -109,18 +131,112 @@ def load(path: str | Path, dtype: torch.dtype | None = None,
     return drafter, corrector
 
 
-def export(src: str | Path, out: str | Path, drafter_only: bool = False, dtype: str | None = None) -> Path:
+def export(src: str | Path, out: str | Path, drafter_only: bool = False, dtype: str | None = None,
+           dspark_head: str | Path | DSparkHead | None = None) -> Path:
     """Rewrite the checkpoint at src into out: drafter_only drops the corrector (a plain DFlash checkpoint, what
-    vLLM serves as DFlash: the "same drafter, corrector off" baseline); dtype ("bfloat16", "float16", "float32")
-    casts the stored tensors. Returns out."""
+    vLLM serves as DFlash: the "same drafter, corrector off" baseline); dspark_head (a DSparkHead, or the file or
+    folder read_dspark_head reads) writes src's drafter with that head in the DSpark layout instead (the corrector
+    left out; save_dspark); dtype ("bfloat16", "float16", "float32") casts the stored tensors. Returns out."""
     if Path(out).resolve() == Path(src).resolve():
         raise ValueError(f"out: {out} is the source checkpoint; write to another folder")
     if dtype is not None and dtype not in ("bfloat16", "float16", "float32"):
         raise ValueError(f"dtype: expected bfloat16, float16 or float32, got {dtype!r}")
+    if dspark_head is not None and drafter_only:
+        raise ValueError("drafter_only: a DSpark checkpoint holds the drafter and its head, never a corrector; "
+                         "leave drafter_only out with dspark_head")
+    head = dspark_head if dspark_head is None or isinstance(dspark_head, DSparkHead) else read_dspark_head(dspark_head)
     drafter, corrector = load(src)
+    cast = getattr(torch, dtype) if dtype else None
+    if head is not None:
+        save_dspark(out, drafter, head, cast)
+        return Path(out)
     selection = (read_config(src).get("dcoco_config") or {}).get("selection", "greedy")
-    save(out, drafter, None if drafter_only else corrector, selection, getattr(torch, dtype) if dtype else None)
+    save(out, drafter, None if drafter_only else corrector, selection, cast)
     return Path(out)
+
+
+def save_dspark(path: str | Path, drafter: DFlashDrafter, head: DSparkHead, dtype: torch.dtype | None = None) -> None:
+    """Write drafter and DSpark's heads as the Qwen3 DSpark checkpoint vLLM loads (the module docstring's layout),
+    atomically like save (config.json and model.safetensors swapped in with the folder in one step; a failed write
+    is an OSError naming the folder, which is then as it was). dtype: the stored dtype (default: the drafter's).
+    ValueError when the head's vocab_size or hidden_size is not the drafter's."""
+    if not isinstance(drafter, DFlashDrafter):
+        raise TypeError(f"drafter: expected a DFlashDrafter, got {type(drafter).__name__}")
+    if not isinstance(head, DSparkHead):
+        raise TypeError(f"head: expected a dcoco.modeling.dspark.DSparkHead, got {type(head).__name__}")
+    c = drafter.config
+    for name, mine, theirs in (("vocab_size", head.vocab_size, c.vocab_size),
+                               ("hidden_size", head.hidden_size, c.hidden_size)):
+        if mine != theirs:
+            raise ValueError(f"head: {name} {mine} differs from the drafter's {theirs}")
+    state = head.state_dict()
+    tensors = {DSPARK_NAMES[k]: v for k, v in state.items()}
+    tensors[DSPARK_BIAS] = torch.zeros(1, dtype=state["confidence_proj.weight"].dtype)
+    config = {"architectures": [DSPARK_ARCHITECTURE], "markov_rank": head.rank, "markov_head_type": "vanilla",
+              "sample_from_anchor": False, "dspark_bonus_anchor": True, "enable_confidence_head": True,
+              "confidence_head_with_markov": True}
+    _replace(path, lambda tmp: drafter.save_pretrained(tmp, extra_tensors=tensors, config_update=config,
+                                                       dtype=dtype))
+
+
+def load_dspark(path: str | Path, dtype: torch.dtype | None = None,
+                device: torch.device | str = "cpu") -> tuple[DFlashDrafter, DSparkHead]:
+    """(drafter, head) from a DSpark checkpoint save_dspark wrote (or one of that layout). dtype defaults to the
+    checkpoint's. ValueError names what does not fit: the architecture, a config key, the head's tensors."""
+    path = Path(path)
+    cfg = read_config(path)
+    drafter = DFlashDrafter.from_pretrained(path, dtype, device, architectures=(DSPARK_ARCHITECTURE,),
+                                            skip_prefix=DSPARK_PREFIXES)
+    for key, want, default in (("sample_from_anchor", False, True), ("enable_confidence_head", True, False),
+                               ("confidence_head_with_markov", True, False),
+                               ("markov_head_type", "vanilla", "vanilla")):
+        got = cfg.get(key, default)  # absent: vLLM's default
+        if got != want:
+            raise ValueError(f"{path}: {key}: expected {json.dumps(want)} (DFlash's block, DSparkHead's heads), "
+                             f"got {json.dumps(got)}")
+    rank = cfg.get("markov_rank")
+    if isinstance(rank, bool) or not isinstance(rank, int) or rank < 1:
+        raise ValueError(f"{path}: markov_rank: expected an integer >= 1, got {rank!r}")
+    tensors = read_tensors(path, lambda k: k.startswith(DSPARK_PREFIXES))
+    bias = tensors.pop(DSPARK_BIAS, None)
+    if bias is not None and bool(bias.ne(0).any()):
+        raise ValueError(f"{path}: tensor {DSPARK_BIAS}: expected zero (DSparkHead has no bias), got {bias.tolist()}")
+    names = {v: k for k, v in DSPARK_NAMES.items()}
+    c = drafter.config
+    with torch.device("meta"):
+        head = DSparkHead(c.hidden_size, c.vocab_size, rank)
+    expected = {DSPARK_NAMES[k]: v.shape for k, v in head.state_dict().items()}
+    check_state(tensors, expected, str(path), "DSpark head tensors do not match the config (markov_rank, "
+                "vocab_size, hidden_size)")
+    dtype = dtype or drafter.fc.weight.dtype
+    head.load_state_dict({names[k]: v.to(device=device, dtype=dtype) for k, v in tensors.items()}, assign=True)
+    return drafter, head
+
+
+def read_dspark_head(path: str | Path) -> DSparkHead:
+    """A trained DSparkHead from a safetensors file of its state_dict (markov_w1.weight, markov_w2.weight,
+    confidence_proj.weight), or from a folder holding it as model.safetensors (what `dcoco demo`'s dspark stage
+    writes). ValueError naming the path and what is missing or misshapen."""
+    path = Path(path)
+    if not ((path.is_file() and path.suffix == ".safetensors") or (path / "model.safetensors").is_file()):
+        raise ValueError(f"head: expected a DSparkHead's .safetensors file or a folder with model.safetensors, got "
+                         f"{path}{'' if path.exists() else ' (no such file or folder)'}")
+    tensors = read_tensors(path)
+    w1, conf = tensors.get("markov_w1.weight"), tensors.get("confidence_proj.weight")
+    if w1 is None or conf is None or w1.dim() != 2 or conf.dim() != 2 or conf.shape[1] <= w1.shape[1]:
+        raise ValueError(f"head: {path} holds no DSparkHead (expected markov_w1.weight (V,r), markov_w2.weight "
+                         f"(V,r), confidence_proj.weight (1,d+r); got {_shapes(tensors)})")
+    (V, r), d = w1.shape, conf.shape[1] - w1.shape[1]
+    with torch.device("meta"):
+        head = DSparkHead(d, V, r)
+    check_state(tensors, {k: v.shape for k, v in head.state_dict().items()}, f"head: {path}",
+                "not a DSparkHead's tensors")
+    head.load_state_dict(tensors, assign=True)
+    return head.eval()
+
+
+def _shapes(tensors: dict[str, torch.Tensor]) -> str:
+    return ", ".join(f"{k} {tuple(v.shape)}" for k, v in sorted(tensors.items())[:8]) or "no tensors"
 
 
 def dcoco_config(dc, path: Path) -> dict:

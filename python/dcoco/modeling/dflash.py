@@ -205,12 +205,13 @@ class DFlashDrafter(nn.Module):
 
     @classmethod
     def from_pretrained(cls, path: str | Path, dtype: torch.dtype | None = None, device: torch.device | str = "cpu",
-                        architectures: Collection[str] = (ARCHITECTURE,), skip_prefix: str | None = None
-                        ) -> DFlashDrafter:
+                        architectures: Collection[str] = (ARCHITECTURE,),
+                        skip_prefix: str | tuple[str, ...] | None = None) -> DFlashDrafter:
         """Load a DFlash checkpoint directory (model.safetensors or a sharded model.safetensors.index.json).
         dtype defaults to the checkpoint's. ValueError names a wrong architecture/config, missing or
         unexpected tensors, or a tensor of the wrong shape. architectures / skip_prefix: for layouts that
-        extend DFlash's (their architecture name; their own tensors, left to their loader)."""
+        extend DFlash's (their architecture name; their own tensors, by one prefix or several, left to their
+        loader)."""
         path = Path(path)
         try:
             config = DFlashConfig.from_dict(read_config(path), architectures)

@@ -16,7 +16,9 @@ k); vLLM's adaptive verification reads it. Loss per slot: 0.1 CE(logits, target 
 1.0 BCE(c_k, c*_k), position-decayed like DFlash's.
 
 DSpark's own drafter predicts the first token at the anchor's position; this head takes any backbone's logits
-slot by slot, so on a DFlash drafter it follows DFlash's layout (slot 1 is the first mask position)."""
+slot by slot, so on a DFlash drafter it follows DFlash's layout (slot 1 is the first mask position). vLLM serves
+that layout too (`sample_from_anchor: false`): checkpoint.save_dspark (`dcoco export --format dspark`) writes a
+drafter with this head as the Qwen3 DSpark checkpoint vLLM loads."""
 
 from __future__ import annotations
 

@@ -30,8 +30,11 @@ def read_config(path: str | Path) -> dict:
 
 
 def weight_files(path: str | Path) -> list[Path]:
-    """The safetensors files of a checkpoint directory: model.safetensors, or the shards its index names."""
+    """The safetensors files of a checkpoint directory: model.safetensors, or the shards its index names; path
+    itself when it is a .safetensors file."""
     path = Path(path)
+    if path.is_file() and path.suffix == ".safetensors":
+        return [path]
     if (path / "model.safetensors").is_file():
         return [path / "model.safetensors"]
     if (path / "model.safetensors.index.json").is_file():
@@ -43,10 +46,10 @@ def weight_files(path: str | Path) -> list[Path]:
 
 
 def read_tensors(path: str | Path, keep=lambda name: True) -> dict[str, torch.Tensor]:
-    """The tensors named `keep` in a checkpoint directory's safetensors files, checked: a file that safetensors
-    cannot read (truncated, corrupt), a tensor stored in a dtype other than float32, bfloat16, float16 or float64
-    (integers, float8: no weight of either layout is stored so), or one holding NaN or inf is a ValueError naming
-    the file and the tensor."""
+    """The tensors named `keep` in a checkpoint directory's safetensors files (or in one such file), checked: a
+    file that safetensors cannot read (truncated, corrupt), a tensor stored in a dtype other than float32, bfloat16,
+    float16 or float64 (integers, float8: no weight of either layout is stored so), or one holding NaN or inf is a
+    ValueError naming the file and the tensor."""
     from safetensors import SafetensorError, safe_open
 
     out = {}
