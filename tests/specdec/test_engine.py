@@ -1,5 +1,6 @@
 """The speculative-decoding engine: greedy losslessness (DFlash and DCOCO, every rule), KV-cache cropping, eos and
-max_new_tokens edges, sampling losslessness (chi-square against the target's exact marginals) and the metrics.
+max_new_tokens edges, sampling losslessness (chi-square against the target's exact marginals; DCOCO's corrector and
+Domino's and DSpark's heads too) and the metrics.
 Tiny random Llama targets in memory; drafters are a random DFlashDrafter (almost every draft rejected) and a
 scripted one that drafts chosen tokens (long accepted runs, full-block acceptance, chosen rejections)."""
 
@@ -16,6 +17,8 @@ from scipy import stats  # noqa: E402
 
 from dcoco.corrector import Corrector  # noqa: E402
 from dcoco.modeling.dflash import DFlashDrafter  # noqa: E402
+from dcoco.modeling.domino import DominoHead  # noqa: E402
+from dcoco.modeling.dspark import DSparkHead  # noqa: E402
 from dcoco.specdec.engine import KS, Engine, probs, summarize, target_only  # noqa: E402
 from helpers.tiny_models import BS, PROMPTS, corrector, dflash_cfg, llama  # noqa: E402
 
@@ -150,11 +153,27 @@ def _chi2_p(counts: torch.Tensor, expected: torch.Tensor) -> float:
     return float(stats.chisquare(obs[keep], exp[keep] * obs.sum() / exp[keep].sum()).pvalue)
 
 
+def _selection(kind: str, V: int):
+    """What re-picks the drafts: nothing, DCOCO's corrector (plain or anchor-aware), or one of the sequential
+    baselines' heads (Domino's, DSpark's) with their zero-initialised output layers drawn, so they do re-pick."""
+    torch.manual_seed(0)
+    if kind in ("corrector", "anchor"):
+        return corrector(4, kind == "anchor")
+    if kind == "domino":
+        head = DominoHead(64, 64, V, gru_size=16, mid_size=16)
+        torch.nn.init.normal_(head.out.weight, std=2.0)
+        return head.eval()
+    if kind == "dspark":
+        head = DSparkHead(64, V, rank=8)
+        torch.nn.init.normal_(head.markov_w2.weight, std=2.0)
+        return head.eval()
+    return None
+
+
 @pytest.mark.slow  # each case samples thousands of rounds: about 20 s on 2 cores
-@pytest.mark.parametrize("with_corrector, method, anchor", [(False, "greedy", False), (True, "greedy", False),
-                                                            (True, "probabilistic", False),
-                                                            (True, "probabilistic", True)])
-def test_sampling_lossless(with_corrector, method, anchor):
+@pytest.mark.parametrize("kind, method", [("none", "greedy"), ("corrector", "greedy"), ("corrector", "probabilistic"),
+                                          ("anchor", "probabilistic"), ("domino", "greedy"), ("dspark", "greedy")])
+def test_sampling_lossless(kind, method):
     V, prompt, kw, n = 12, [1, 5, 3], dict(temperature=0.9, top_p=0.95, top_k=0), 1500
     model = llama(V, 3)
     with torch.no_grad():  # round 1 drafts the target's mode, or its second choice after odd anchors
@@ -167,8 +186,8 @@ def test_sampling_lossless(with_corrector, method, anchor):
         return (first + [0] * BS)[:BS - 1]
 
     drafter = Scripted(model.get_output_embeddings().weight.detach(), script)
-    eng = Engine(model, drafter, corrector(4, anchor) if with_corrector else None, num_candidates=4,
-                 eos_token_id=None, draft_sample_method=method)
+    eng = Engine(model, drafter, _selection(kind, V), num_candidates=4, eos_token_id=None,
+                 draft_sample_method=method)
     gen = torch.Generator().manual_seed(0)
     samples = torch.tensor([eng.generate(prompt, 4, generator=gen, **kw).tokens for _ in range(n)])
     marginals = _exact_marginals(model, prompt, 4, **kw)
