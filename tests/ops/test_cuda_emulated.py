@@ -170,8 +170,9 @@ def test_tensor_core_paths_match_reference(mma_runner, tmp_path, path, R, B, K, 
 @pytest.mark.parametrize("path", list(TENSOR_CORE_DEVICES))
 def test_tensor_core_paths_fit_every_cap(mma_runner, tmp_path, path, cap):
     """Each tensor-core path under each device's shared memory (99 KB: sm_86/89/120, 163 KB: A100, 227 KB:
-    H100/H200/B200), K=16 without the table: the plan that score, so training, launches."""
-    case = make_case(2, 15, 16, 64, V=200, dtype=torch.bfloat16, seed=11)
+    H100/H200/B200), K=16 without the table: the plan that score, so training, launches. The plan depends on K,
+    d and the cap, not on the rows, so one request of 6 slots suffices (the emulated sm_90 path is slow)."""
+    case = make_case(1, 6, 16, 64, V=200, dtype=torch.bfloat16, seed=11)
     s64 = case.ref_scores()
     scale = s64.abs().max().item() + 1.0
     out = run_kernel(mma_runner, tmp_path, case, scores=True, cap=CAPS[cap], device=TENSOR_CORE_DEVICES[path])

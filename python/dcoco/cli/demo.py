@@ -66,8 +66,8 @@ TRAIN_ROWS = {"gsm8k": 250, "math500": 150, "mbpp": 120, "humaneval": 80, "arena
 CORPUS_FILE = "smollm2-corpus.npz"
 # the drafter's depth and block size; bench/README.md (drafter levers) measures other depths and blocks
 LAYERS, BLOCK = 3, 8
-# the frozen-drafter correctors (DCOCO's and DFlash2's selector): blocks cached per sequence, blocks per step, the
-# selector's codebook rank
+# the frozen-drafter correctors (DCOCO's and DFlash2's selector): blocks cached per sequence, blocks per step (the
+# default and full sizes'), the selector's codebook rank
 FROZEN_ANCHORS, FROZEN_BATCH, SELECTOR_RANK = 64, 256, 32
 # the joint stage (step 4): L_corr's gradient weight into the drafter (1: the paper's sum) and its peak lr, half
 # the first stages' like the Qwen3-8B recipe's; bench/joint_study.py compares the choices
@@ -93,6 +93,12 @@ class Size:
     rules: tuple[str, ...]  # DCOCO path rules evaluated
     sim_rows: int           # prompts per suite in the simulated evaluation (tau and its CIs; simulate.py)
     sim_tokens: int         # their max new tokens
+    # per-step work: anchors per sequence in the drafter and joint stages (None: TrainConfig's default), and the
+    # frozen-drafter stages' cached blocks per sequence and blocks per step
+    anchors: int | None = None
+    frozen_anchors: int = FROZEN_ANCHORS
+    frozen_batch: int = FROZEN_BATCH
+    cost_repeats: int = 200  # timed selections per method for the per-round cost
 
     def __post_init__(self):
         assert max(self.rows, self.sim_rows) <= EVAL_ROWS_RESERVED, "evaluated rows must stay clear of training"
@@ -100,7 +106,9 @@ class Size:
 
 ALL_SUITES = ("gsm8k", "math500", "aime25", "humaneval", "mbpp", "livecodebench", "mt-bench", "arena-hard-v2")
 SIZES = {  # rows / max_new_tokens: real decoding (tokens/s, losslessness); sim_*: the simulated tau with CIs
-    "smoke": Size(16, 3, 2, 2, 2, ("gsm8k", "mbpp"), 1, 12, ("greedy",), 3, 16),
+    # every stage and every report with the least work per step: a pipeline check, not an experiment
+    "smoke": Size(8, 3, 2, 2, 2, ("gsm8k", "mbpp"), 1, 12, ("greedy",), 3, 16, anchors=4, frozen_anchors=8,
+                  frozen_batch=16, cost_repeats=5),
     "default": Size(400, 400, 120, 150, 60, ("gsm8k", "math500", "humaneval", "mt-bench"), 2, 48, ("greedy",), 32,
                     64),
     "full": Size(None, 2600, 800, 1200, 400, ALL_SUITES, 2, 64, ("greedy", "global", "geometric"), 32, 128),
@@ -136,7 +144,8 @@ def recipe(cfg: TrainConfig, upstream: dict | None, corrector_from: dict | None 
     return {"mode": cfg.mode, "steps": cfg.steps, "grad_accum": cfg.grad_accum, "loss_vocab": cfg.loss_vocab,
             "corr_grad": cfg.corr_grad, "lr": cfg.lr, "warmup": cfg.warmup, "rho": cfg.rho, "from": upstream,
             "corrector_from": corrector_from,
-            **({"anchor_transition": True} if cfg.anchor_transition else {})}  # the paper's recipes keep their keys
+            **({"anchor_transition": True} if cfg.anchor_transition else {}),  # the paper's recipes keep their keys
+            **({"anchors": cfg.anchors} if cfg.anchors else {})}
 
 
 def _key(want: dict) -> str:
@@ -180,6 +189,11 @@ def stage_config(mode: str, steps: int, device: str, **kw) -> TrainConfig:
                        save_dtype="float32", **kw)
 
 
+def size_config(size: Size, mode: str, steps: int, device: str, **kw) -> TrainConfig:
+    """stage_config with the size's anchors per sequence."""
+    return stage_config(mode, steps, device, **({"anchors": size.anchors} if size.anchors else {}), **kw)
+
+
 def train_all(size: Size, work: Path, data: corpus.Corpus, model, tok, device: str, progress: bool) -> dict:
     """{name: (drafter, corrector or selector, info)}: baseline_stages, then from dflash-long and the corrector
     joint_steps joint steps: dcoco-drafter (JOINT_CORR_GRAD) and online (0). Training mutates its drafter and
@@ -188,7 +202,7 @@ def train_all(size: Size, work: Path, data: corpus.Corpus, model, tok, device: s
     base = out["dflash-long"]
     embed, head = model.get_input_embeddings().weight.detach(), model.get_output_embeddings().weight.detach()
     for name, weight in (("dcoco-drafter", JOINT_CORR_GRAD), ("online", 0.0)):
-        cfg = stage_config("joint", size.joint_steps, device, corr_grad=weight, lr=JOINT_LR)
+        cfg = size_config(size, "joint", size.joint_steps, device, corr_grad=weight, lr=JOINT_LR)
         out[name] = _stage(work / name, cfg, data, embed, head, copy.deepcopy(base[0]),
                            copy.deepcopy(out["corrector"][1]), progress=progress, upstream=base[2]["recipe"],
                            corrector_from=out["corrector"][2]["recipe"])
@@ -205,9 +219,9 @@ def baseline_stages(size: Size, work: Path, data: corpus.Corpus, model, tok, dev
     embed = model.get_input_embeddings().weight.detach()
     head = model.get_output_embeddings().weight.detach()
     dcfg = drafter_config(model, tok, LAYERS, SMOLLM2_TAPS, BLOCK, smollm2.MASK_TOKEN_ID)
-    first = stage_config("drafter", size.steps, device, loss_vocab=LOSS_VOCAB)
+    first = size_config(size, "drafter", size.steps, device, loss_vocab=LOSS_VOCAB)
     out = {"dflash": _stage(work / "dflash", first, data, embed, head, dcfg, progress=progress)}
-    out["dflash-long"] = _stage(work / "dflash-long", stage_config("drafter", size.long_steps, device), data, embed,
+    out["dflash-long"] = _stage(work / "dflash-long", size_config(size, "drafter", size.long_steps, device), data, embed,
                                 head, copy.deepcopy(out["dflash"][0]), progress=progress,
                                 upstream=out["dflash"][2]["recipe"])
     base, caches = out["dflash-long"], {}
@@ -219,31 +233,33 @@ def baseline_stages(size: Size, work: Path, data: corpus.Corpus, model, tok, dev
                                                      base[0].config.vocab_size)),
                        ("dspark", lambda: DSparkHead(base[0].config.hidden_size, base[0].config.vocab_size))):
         out[name] = frozen_stage(work / name, make, size.corrector_steps, base, data, embed, head, device, caches,
-                                 progress)
+                                 progress, anchors=size.frozen_anchors, batch=size.frozen_batch)
     return out, caches
 
 
 def frozen_stage(out: Path, make, steps: int, base: tuple, data: corpus.Corpus, embed, head, device: str,
-                 caches: dict, progress: bool = True, drafts: Path | None = None) -> tuple:
-    """(drafter, trained corrector or selector, info): make()'s model trained `steps` steps of FROZEN_BATCH blocks
-    on the frozen drafter base = (drafter, _, info)'s cached outputs (frozen.py), once: a finished stage is
-    loaded. caches: {drafter recipe key: cache} shared by the calls (each drafter's outputs are cached on disk
+                 caches: dict, progress: bool = True, drafts: Path | None = None, anchors: int = FROZEN_ANCHORS,
+                 batch: int = FROZEN_BATCH) -> tuple:
+    """(drafter, trained corrector or selector, info): make()'s model trained `steps` steps of `batch` blocks on
+    the frozen drafter base = (drafter, _, info)'s cached outputs (frozen.py; `anchors` blocks per sequence),
+    once: a finished stage is loaded. caches: {drafter recipe key: cache} shared by the calls (each drafter's outputs are cached on disk
     too, in drafts (default: out's parent), keyed by its recipe: a retrained one misses)."""
     drafter, _, base_info = base
-    want = {"frozen": out.name, "steps": steps, "from": base_info["recipe"]}
+    want = {"frozen": out.name, "steps": steps, "from": base_info["recipe"],
+            **({"anchors": anchors, "batch": batch} if (anchors, batch) != (FROZEN_ANCHORS, FROZEN_BATCH) else {})}
     info = finished(out, want)
     if info is not None:
         return drafter, _load_frozen(out), info
-    key = _key(want["from"])
+    key = _key({"from": want["from"], "anchors": anchors} if anchors != FROZEN_ANCHORS else want["from"])
     if key not in caches:
         t = time.monotonic()
         caches[key] = (frozen.build(drafter.to(device).eval(), data, embed.to(device), head.to(device),
-                                    anchors=FROZEN_ANCHORS, path=(drafts or out.parent) / f"drafts-{key}.safetensors",
+                                    anchors=anchors, path=(drafts or out.parent) / f"drafts-{key}.safetensors",
                                     progress=progress), time.monotonic() - t)
     cache, cache_seconds = caches[key]
     torch.manual_seed(0)
     m = make()
-    info = {"mode": "frozen drafter, cached outputs", **frozen.train(m, cache, embed, head, steps, FROZEN_BATCH,
+    info = {"mode": "frozen drafter, cached outputs", **frozen.train(m, cache, embed, head, steps, batch,
                                                                        progress=progress),
             "cached_blocks": len(cache["target"]), "cache_seconds": cache_seconds, "recipe": want,
             "parameters": sum(p.numel() for p in m.parameters())}
@@ -368,7 +384,8 @@ def run(size: str = "default", device: str = "cpu", out: str | Path | None = Non
                                     "target_layers": SMOLLM2_TAPS, "device": device,
                                     "corpus_sequences": len(data), "corpus_response_tokens":
                                         int(data.response.sum())},
-           "training": {k: v[2] for k, v in trained.items()}, "sim": sim, "eval": ev, "costs": costs(engines)}
+           "training": {k: v[2] for k, v in trained.items()}, "sim": sim, "eval": ev,
+           "costs": costs(engines, s.cost_repeats)}
     res["headline"] = report.headline(ev, sim, s.rules, HEADLINE, JOINT_CORR_GRAD, JOINT_LR)
     res["co_adaptation"] = report.co_adaptation(sim, s.rules, res["training"])
     res["seconds"] = time.monotonic() - t0
