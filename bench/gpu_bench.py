@@ -1,4 +1,4 @@
-"""GPU timing of both backends (run by bench/gpu_check.sh on a lent device; needs CUDA).
+"""GPU timing of both backends (run by bench/gpu_check.sh on a GPU; needs CUDA).
 
 CUDA-graph replay, median of many, d=4096, B=15, K=16, V=151936, bf16 inputs, for R in 1..256: the fused
 kernel (after prepare_inference, run whether or not its arch is validated), the native backend (the same
@@ -9,7 +9,7 @@ recomputed), with the native path's extra peak memory. Prints tables last and wr
 
 --rehearse runs every call on the CPU at small sizes (d=64, V=1000, R 1 and 4, training R 1 and 8), timed eagerly
 with perf_counter, without graphs, ceilings or memory counters: bench/gpu_check.sh's CPU rehearsal, so that a
-lent device never meets a call that cannot run."""
+GPU run never meets a call that cannot run."""
 
 import argparse
 import json

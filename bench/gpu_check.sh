@@ -19,15 +19,15 @@ declare -A T=(
   [bench]=15       # bench/gpu_bench.py --quick: kernel timings of both backends, R 1..256, and training
   [report]=5       # bench/gpu_report.py: $OUT/<gpu>-<date>.json; its "passed" may validate the arch
 )
-# From the session, where .whl/ holds nvidia_cutlass-4.2.0.0-py3-none-any.whl (pip download --no-deps
-# nvidia-cutlass==4.2.0.0 -d .whl), with timeout_s the steps' sum plus a little (a guard: each step ends itself):
-#   run(command="bash bench/gpu_check.sh", carry=[".whl"], timeout_s=315), then give_back at once (idle time counts)
-# $OUT gets 8 files (the most that come back): summary.txt, build.log, env.json, junit.xml, hook.json,
+# On a machine with an NVIDIA GPU, nvcc and python3 with torch, from a checkout where .whl/ holds
+# nvidia_cutlass-4.2.0.0-py3-none-any.whl (pip download --no-deps nvidia-cutlass==4.2.0.0 -d .whl; the GPU machine
+# needs no network then):  OUT=/tmp/gpu_check bash bench/gpu_check.sh
+# $OUT gets 8 files: summary.txt, build.log, env.json, junit.xml, hook.json,
 # sanitizer.json, gpu_bench.json and the report. Commit the report as bench/results/gpu/<gpu>-<date>.json: its
 # "passed" (fused tests, the hook on the fused backend, and all three sanitizers clean on dcoco's kernels) is what
 # may put its arch into backend.VALIDATED_CUDA_ARCHS.
 #
-# Rehearsal on a CPU machine, so that a typo cannot waste a lent device: `bash bench/gpu_check.sh --rehearse` runs
+# Rehearsal on a CPU machine, so that a typo cannot waste a GPU run: `bash bench/gpu_check.sh --rehearse` runs
 # every step with .venv's python, a CPU-only build, the device "cpu" (the hook at small sizes, its CUDA-graph parts
 # skipped), compute-sanitizer replaced by a shim that runs the command bare, and gpu_bench.py --rehearse (every
 # call at small sizes, timed eagerly), each under the rehearsal's own timeouts (RT: 2 cores); it ends with the

@@ -1,5 +1,5 @@
 // pybind11 only: integers (data pointers), shapes and dtype codes in; results through the pointers.
-// No torch here: the Python layer (dcoco/_ops.py) checks arguments and allocates every output.
+// No torch here: the Python layer (dcoco/ops/fused.py) checks arguments and allocates every output.
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
 

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # bench/gpu_check.sh rehearsed on this CPU machine (GPU steps stubbed): its device plan must fit the device time
 # (START, the machine's start and transfers, plus every step's timeout <= LIMIT), every step must run and the report
-# must be written, so a lent device never meets a typo. Needs .venv (scripts/setup.sh); fetches the CUTLASS wheel
+# must be written, so a GPU run never meets a typo. Needs .venv (scripts/setup.sh); fetches the CUTLASS wheel
 # the device call carries into .whl/ when it is not there (as the device README says to).
 set -euo pipefail
 cd "$(dirname "$0")/.."

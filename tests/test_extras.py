@@ -246,4 +246,4 @@ def test_the_walk_sees_lazy_and_optional_imports():
     assert "scipy" in command_imports("demo")  # dcoco.specdec.stats imports it inside its functions
     assert "scipy" not in command_imports("info")  # `dcoco info` runs none of that
     assert "datasets" not in command_imports("bench")  # optional: try/except ImportError
-    assert "vllm" in third_party(["dcoco.vllm_plugin"])  # optional itself; "dcoco.serve.vllm_model:..." is not
+    assert "vllm" in third_party(["dcoco.serve.vllm_plugin"])  # optional itself; "dcoco.serve.vllm_model:..." is not

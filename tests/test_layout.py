@@ -28,11 +28,6 @@ LAYERS = {
     "cli": {"dcoco", "ops", "top", "modeling", "target", "train", "specdec", "serve", "cli"},
     "testing": {"dcoco", "ops", "top", "modeling", "target", "train", "specdec", "serve", "testing"},
 }
-# re-exports of old module paths that users name; each may import its one target, and nothing may import it
-SHIMS = {
-    "dcoco.spec": "dcoco.specdec.engine",          # the engine's old path, which users know
-    "dcoco.vllm_plugin": "dcoco.serve.vllm_plugin",  # the installed vLLM entry point dcoco.vllm_plugin:register
-}
 MAX_LINES, MAX_FUNCTION_LINES = 450, 80
 # extras beyond [project].dependencies, per layer, and per module where one module needs more than its layer
 EXTRAS = {"ops": (), "top": (), "modeling": (), "dcoco": (), "target": ("train",), "train": ("train",),
@@ -124,12 +119,7 @@ def test_imports_go_one_way():
     bad = []
     for m in modules():
         for d in sorted(dcoco_imports(m)):
-            if d in SHIMS:
-                bad.append(f"{m} imports the re-export {d}; import {SHIMS[d]}")
-            elif m in SHIMS:
-                if d != SHIMS[m]:
-                    bad.append(f"the re-export {m} imports {d}, not only {SHIMS[m]}")
-            elif layer(d) not in LAYERS[layer(m)]:
+            if layer(d) not in LAYERS[layer(m)]:
                 bad.append(f"{m} ({layer(m)}) imports {d} ({layer(d)})")
     assert not bad, bad
 

@@ -6,7 +6,7 @@ See docs/spec.md in the repository for the math. Public API:
   correction_loss   the paper's L_corr (eq. 9) on a score grid
   DFlashDrafter     the DFlash drafter (DFlashConfig, dflash_loss), z-lab checkpoint layout
   dcoco.specdec.engine
-                    the offline speculative-decoding engine (Engine, target_only, summarize; also dcoco.spec)
+                    the offline speculative-decoding engine (Engine, target_only, summarize)
   dcoco.train.training
                     dcoco train's Python API (corpus, modes, DDP, checkpoints)
   set_backend / use_backend / get_backend

@@ -1,5 +1,5 @@
 """Both backends on CUDA against the literal reference: runs where a GPU is visible (bench/gpu_check.sh on a
-lent device); on machines without one every test here is skipped. Under each_backend's "fused" parameter the
+GPU); on machines without one every test here is skipped. Under each_backend's "fused" parameter the
 fused kernel runs whether or not its arch is validated (that is what validates it)."""
 
 import pytest

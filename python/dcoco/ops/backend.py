@@ -24,7 +24,7 @@ from .. import _C
 
 BACKENDS = ("auto", "fused", "native")
 # Archs whose fused CUDA path passed bench/gpu_check.sh, with its JSON committed under bench/results/gpu/.
-# Empty until a GPU has been lent: every CUDA device runs native under "auto".
+# Empty until an arch passes it: every CUDA device runs native under "auto".
 VALIDATED_CUDA_ARCHS: tuple[str, ...] = ()
 # The CUDA archs this build holds code for, as sm_XY (e.g. sm_80, sm_90, sm_100 from DCOCO_CUDA_ARCHS 80;90a;100a).
 BUILT_CUDA_ARCHS: tuple[str, ...] = tuple(f"sm_{a.rstrip('af')}" for a in _C.cuda_archs.split(",")

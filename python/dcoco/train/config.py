@@ -32,7 +32,7 @@ class TrainConfig:
     stop_at: int | None = _field(None, OPTIM, "stop after this global step (resumable; schedule unchanged)",
                                  stage=True)
     max_time: float | None = _field(None, OPTIM, "stop after this many seconds (resumable; schedule unchanged)",
-                                    stage=True)  # this session's seconds
+                                    stage=True)  # this process's seconds
     seqs_per_step: int = _field(2, OPTIM, "sequences per micro-batch per rank (%(default)s)", stage=True)
     grad_accum: int = _field(1, OPTIM, "micro-batches per optimizer step (%(default)s)", stage=True, resume=True)
     anchors: int | None = _field(None, OPTIM, "anchors per sequence, at most (default: 512 on CUDA, 32 on a CPU)",

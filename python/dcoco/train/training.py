@@ -38,7 +38,7 @@ class TrainResult:
     drafter: DFlashDrafter
     corrector: Corrector | None
     step: int
-    history: list[dict]   # one record per step of this session: losses, tau, lr (global over ranks), seconds
+    history: list[dict]   # one record per step this process ran: losses, tau, lr (global over ranks), seconds
 
 
 def train(cfg: TrainConfig, corpus: Corpus | TokenCorpus, embed: torch.Tensor, head: torch.Tensor,
