@@ -1,6 +1,6 @@
 """The repository speaks only of itself: what the sources cite stays inside it (the spec is docs/spec.md; no file
-outside the repo, no issue of a tracker it does not hold), no text says how the project was developed (who lent
-what, work sessions, "this change"), and every backticked path to a repo file names one that exists."""
+outside the repo, no issue of a tracker it does not hold), no text says how the project was developed (PROCESS),
+and every backticked path to a repo file names one that exists."""
 
 import re
 from pathlib import Path
@@ -10,8 +10,7 @@ from helpers import ROOT
 SOURCES = ["python", "cpp", "cuda", "bench", "scripts", "recipes", "tests", "docs", ".ci"]
 SUFFIXES = {".py", ".h", ".cuh", ".cu", ".cpp", ".sh", ".toml", ".md", ""}
 OUTSIDE = re.compile(r"\bSPEC\.md\b|\.\./shared|\bshared/(notes|data|seeds)\b|\bnotes/[\w-]+\.md|\b[Ii]ssues? \d+\b")
-# how the project was made, not what it is: work sessions, a lent device and the tool that lends it, the change
-# a text was written in, history read back from git
+# words about how the project was made rather than what it is, and history read back from git
 PROCESS = re.compile(r"\bthis (change|issue|session)\b|\b(a|the|earlier|next|each|every) sessions?\b|\bsessions of\b"
                      r"|\blent\b|\bnot_drawn\b|\bgive_back\b|\bdevice tool\b|\bat the start of this\b"
                      r"|\bgit show [0-9a-f]{6,}", re.I)

@@ -189,11 +189,6 @@ def stage_config(mode: str, steps: int, device: str, **kw) -> TrainConfig:
                        save_dtype="float32", **kw)
 
 
-def size_config(size: Size, mode: str, steps: int, device: str, **kw) -> TrainConfig:
-    """stage_config with the size's anchors per sequence."""
-    return stage_config(mode, steps, device, **({"anchors": size.anchors} if size.anchors else {}), **kw)
-
-
 def train_all(size: Size, work: Path, data: corpus.Corpus, model, tok, device: str, progress: bool) -> dict:
     """{name: (drafter, corrector or selector, info)}: baseline_stages, then from dflash-long and the corrector
     joint_steps joint steps: dcoco-drafter (JOINT_CORR_GRAD) and online (0). Training mutates its drafter and
@@ -202,7 +197,7 @@ def train_all(size: Size, work: Path, data: corpus.Corpus, model, tok, device: s
     base = out["dflash-long"]
     embed, head = model.get_input_embeddings().weight.detach(), model.get_output_embeddings().weight.detach()
     for name, weight in (("dcoco-drafter", JOINT_CORR_GRAD), ("online", 0.0)):
-        cfg = size_config(size, "joint", size.joint_steps, device, corr_grad=weight, lr=JOINT_LR)
+        cfg = stage_config("joint", size.joint_steps, device, anchors=size.anchors, corr_grad=weight, lr=JOINT_LR)
         out[name] = _stage(work / name, cfg, data, embed, head, copy.deepcopy(base[0]),
                            copy.deepcopy(out["corrector"][1]), progress=progress, upstream=base[2]["recipe"],
                            corrector_from=out["corrector"][2]["recipe"])
@@ -219,11 +214,11 @@ def baseline_stages(size: Size, work: Path, data: corpus.Corpus, model, tok, dev
     embed = model.get_input_embeddings().weight.detach()
     head = model.get_output_embeddings().weight.detach()
     dcfg = drafter_config(model, tok, LAYERS, SMOLLM2_TAPS, BLOCK, smollm2.MASK_TOKEN_ID)
-    first = size_config(size, "drafter", size.steps, device, loss_vocab=LOSS_VOCAB)
+    first = stage_config("drafter", size.steps, device, anchors=size.anchors, loss_vocab=LOSS_VOCAB)
     out = {"dflash": _stage(work / "dflash", first, data, embed, head, dcfg, progress=progress)}
-    out["dflash-long"] = _stage(work / "dflash-long", size_config(size, "drafter", size.long_steps, device), data, embed,
-                                head, copy.deepcopy(out["dflash"][0]), progress=progress,
-                                upstream=out["dflash"][2]["recipe"])
+    long = stage_config("drafter", size.long_steps, device, anchors=size.anchors)
+    out["dflash-long"] = _stage(work / "dflash-long", long, data, embed, head, copy.deepcopy(out["dflash"][0]),
+                                progress=progress, upstream=out["dflash"][2]["recipe"])
     base, caches = out["dflash-long"], {}
     for name, make in (("corrector", lambda: Corrector(base[0].config.hidden_size)),
                        ("anchor", lambda: Corrector(base[0].config.hidden_size, anchor_transition=True)),
@@ -242,8 +237,9 @@ def frozen_stage(out: Path, make, steps: int, base: tuple, data: corpus.Corpus, 
                  batch: int = FROZEN_BATCH) -> tuple:
     """(drafter, trained corrector or selector, info): make()'s model trained `steps` steps of `batch` blocks on
     the frozen drafter base = (drafter, _, info)'s cached outputs (frozen.py; `anchors` blocks per sequence),
-    once: a finished stage is loaded. caches: {drafter recipe key: cache} shared by the calls (each drafter's outputs are cached on disk
-    too, in drafts (default: out's parent), keyed by its recipe: a retrained one misses)."""
+    once: a finished stage is loaded. caches: {drafter recipe key: cache} shared by the calls (each drafter's
+    outputs are cached on disk too, in drafts (default: out's parent), keyed by its recipe: a retrained one
+    misses)."""
     drafter, _, base_info = base
     want = {"frozen": out.name, "steps": steps, "from": base_info["recipe"],
             **({"anchors": anchors, "batch": batch} if (anchors, batch) != (FROZEN_ANCHORS, FROZEN_BATCH) else {})}
