@@ -81,6 +81,29 @@ def test_features_equal_the_cache(target, cache):
         torch.testing.assert_close(out["hidden"][j, :n].half(), ref["hidden"], rtol=1e-3, atol=1e-3)
 
 
+def test_corpus_labels_are_the_argmax_on_a_greedy_corpus_and_stop_at_the_last_tap(target, cache):
+    """The cache's responses are the target's greedy answers: labels="corpus" (ids) equals the argmax on every
+    response position, with the same taps, and the layers after the last tap never run."""
+    model = target[1]
+    tokens = TokenCorpus(pairs_of(cache))
+    idx = list(range(len(cache)))[:6]
+    b = collate([tokens[i] for i in idx], [torch.tensor([0])] * len(idx))
+    full = TargetFeatures(model, list(tiny.TAPS), torch.device("cpu"))(b["ids"])
+    short = TargetFeatures(model, list(tiny.TAPS), torch.device("cpu"), labels="corpus")
+    later = model.get_decoder().layers[max(tiny.TAPS) + 1:]
+    ran = []
+    hooks = [m.register_forward_hook(lambda *a: ran.append(1)) for m in later]
+    out = short(b["ids"])
+    for h in hooks:
+        h.remove()
+    assert later and not ran
+    torch.testing.assert_close(out["hidden"], full["hidden"], rtol=0, atol=0)
+    resp = b["response"]
+    assert resp.sum() > 50 and torch.equal(out["labels"][resp], full["labels"][resp])
+    with pytest.raises(ValueError, match="labels: expected one of"):
+        TargetFeatures(model, list(tiny.TAPS), torch.device("cpu"), labels="next")
+
+
 def test_online_training_learns_and_checks_its_inputs(target, cache):
     tok, model = target
     dcfg = recipe.drafter_config(model, tok, layers=1, target_layer_ids=list(tiny.TAPS), block_size=8)

@@ -478,6 +478,15 @@ out = "{tmp_path / 's2'}"
     capsys.readouterr()
     assert cli.main(argv) == 0
     assert capsys.readouterr().out.count("done, skipped") == 2
+    for stage in ("s1", "s2"):  # kept as committed: the weights and logs, not the optimizer
+        (tmp_path / stage / "train_state.pt").unlink()
+    capsys.readouterr()
+    assert cli.main(argv) == 0  # both logs reached their stage's steps
+    assert capsys.readouterr().out.count("done, skipped") == 2
+    log = tmp_path / "s2" / "log.jsonl"
+    log.write_text("".join(log.read_text().splitlines(keepends=True)[:-1]))  # cut short, kept without its state
+    with pytest.raises(SystemExit, match="s2 holds another run"):
+        cli.main(argv)
     recipe.write_text(recipe.read_text() + "colour = 3\n")
     with pytest.raises(SystemExit, match="unknown key.*colour"):
         cli.main(argv)

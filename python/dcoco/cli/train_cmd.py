@@ -38,6 +38,10 @@ def arguments(p: argparse.ArgumentParser) -> None:
     g.add_argument("--features", choices=("auto", "cache", "online"), default="auto",
                    help="online: the frozen target runs on every batch (no feature cache; each rank its share); "
                         "cache: a feature cache built first; auto: online on CUDA, a cache on a CPU (%(default)s)")
+    g.add_argument("--labels", choices=("argmax", "corpus"), default="argmax",
+                   help="online features: the target's argmax, or the corpus's own next tokens, equal to it on the "
+                        "target's greedy answers (--data from `dcoco data generate`) and a shorter target pass, "
+                        "which stops at the last tap (%(default)s)")
     g.add_argument("--shard-target", action="store_true",
                    help="shard the online target over the torchrun ranks (FSDP2, one unit per layer); needs --data")
     g.add_argument("--thinking", action="store_true",
@@ -188,12 +192,16 @@ def _stage_runs(args: argparse.Namespace, stages: list[dict], given_out: bool) -
 
 def _stage_state(cfg, overwrite: bool) -> str:
     """What a recipe's stage does with its folder: "done" (finished with these settings), "resume" (interrupted
-    with them) or "fresh"; ValueError when it holds another run and overwrite is off."""
-    from ..train.runs import run_differences, run_files, saved_progress
+    with them) or "fresh"; ValueError when it holds another run and overwrite is off. A folder kept without its
+    train_state.pt (the weights committed, not the optimizer) is done when its log reached the stage's steps."""
+    from ..train.runs import logged_steps, run_differences, run_files, saved_progress
 
     held = run_files(cfg.out)
     if not held:
         return "fresh"
+    if "train_state.pt" not in held and "model.safetensors" in held and cfg.steps is not None \
+            and logged_steps(cfg.out) >= cfg.steps and not overwrite:
+        return "done"
     saved = saved_progress(cfg.out) if "train_state.pt" in held else None
     diff = run_differences(cfg.out, cfg) if saved else ["no saved state"]
     if not diff:
@@ -230,6 +238,6 @@ def train_options(args: argparse.Namespace) -> tuple:
               target_layer_ids=args.target_layers, block_size=args.block_size, mask_token_id=args.mask_token_id,
               max_prompt_tokens=args.max_prompt_tokens, max_new_tokens=args.max_new_tokens,
               gen_batch=args.gen_batch, feat_batch=args.feat_batch, thinking=args.thinking, features=args.features,
-              shard_target=args.shard_target,
+              shard_target=args.shard_target, labels=args.labels,
               progress=not args.no_progress)
     return cfg, kw

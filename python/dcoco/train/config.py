@@ -56,7 +56,8 @@ class TrainConfig:
     # drafter mode: head.shortlist_ce
     loss_vocab: int | None = _field(None, OPTIM, "drafter mode: the DFlash loss over the corpus's N most frequent "
                                                  "response tokens plus each batch's labels instead of the whole "
-                                                 "vocabulary (a cheaper step; default: all of it)", resume=True)
+                                                 "vocabulary (a cheaper step; default: all of it)", stage=True,
+                        resume=True)
     grad_checkpoint: bool = _field(False, MEMORY, "recompute the drafter layers' activations in backward: less "
                                                   "memory, about 1/3 more compute")
     save_dtype: str = _field("bfloat16", MEMORY, "the serving checkpoint's dtype; train_state.pt keeps float32 "

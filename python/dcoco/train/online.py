@@ -21,6 +21,13 @@ from ..target.corpus import generate, token_ids
 from ..modeling.head import chunk_rows
 
 
+LABELS = ("argmax", "corpus")
+
+
+class _LastTap(Exception):
+    """Raised by the last tap's hook to end a forward whose later layers nothing reads."""
+
+
 class TokenCorpus:
     """Sequences as token ids: ids (T,), response (T,) bool (the answer's tokens), offsets (N+1,)."""
 
@@ -48,9 +55,18 @@ class TargetFeatures:
     needs no mask: causal attention keeps pads out of every real position.
 
     model: a transformers causal LM (its decoder runs; its LM head weight makes the labels). shard: FSDP2 over the
-    torchrun group, one unit per decoder layer."""
+    torchrun group, one unit per decoder layer.
+    labels: "argmax" runs the whole target and takes its argmax; "corpus" takes labels = ids, which on the target's
+    own greedy answers (`dcoco data generate`) is its argmax at every supervised (response) position, and stops the
+    unsharded forward after the last tap: on SmolLM2 (taps up to 27 of 30) that skips 2 layers, the final norm
+    and the 49,152-row head, about a third of the pass. Prompt positions then hold the prompt's own tokens, which
+    no loss reads (anchors and their slots lie in the response)."""
 
-    def __init__(self, model, layer_ids: Sequence[int], device: torch.device, shard: bool = False):
+    def __init__(self, model, layer_ids: Sequence[int], device: torch.device, shard: bool = False,
+                 labels: str = "argmax"):
+        if labels not in LABELS:
+            raise ValueError(f"labels: expected one of {LABELS}, got {labels!r}")
+        self.labels = labels
         self.decoder = model.get_decoder()
         layers = self.decoder.layers
         if not layer_ids or max(layer_ids) >= len(layers) - 1 or min(layer_ids) < 0:
@@ -73,18 +89,31 @@ class TargetFeatures:
             self.decoder.to(device)
         self.device = device
         self._taps: dict[int, torch.Tensor] = {}
+        # a sharded forward runs to the end: every rank must join every layer's all-gather
+        self._stop_after = max(self.layer_ids) if labels == "corpus" and not self.sharded else None
         for i in self.layer_ids:  # hooks, not output_hidden_states: only the taps are kept
-            layers[i].register_forward_hook(lambda mod, args, out, i=i: self._taps.__setitem__(
-                i, out[0] if isinstance(out, tuple) else out))
+            layers[i].register_forward_hook(lambda mod, args, out, i=i: self._tap(i, out))
+
+    def _tap(self, i: int, out) -> None:
+        self._taps[i] = out[0] if isinstance(out, tuple) else out
+        if i == self._stop_after:
+            raise _LastTap
 
     @torch.no_grad()
     def __call__(self, ids: torch.Tensor) -> dict[str, torch.Tensor]:
-        last = self.decoder(input_ids=ids.to(self.device), use_cache=False).last_hidden_state   # (N,S,d), normed
+        ids = ids.to(self.device)
+        if self.labels == "corpus":
+            try:
+                self.decoder(input_ids=ids, use_cache=False)
+            except _LastTap:
+                pass
+            return {"hidden": torch.cat([self._taps.pop(i) for i in self.layer_ids], -1), "labels": ids}
+        last = self.decoder(input_ids=ids, use_cache=False).last_hidden_state   # (N,S,d), normed
         hidden = torch.cat([self._taps.pop(i) for i in self.layer_ids], -1)
         x = last[:, :-1].reshape(-1, last.shape[-1])
         step = chunk_rows(self.head.shape[0])
         arg = torch.cat([(x[i:i + step] @ self.head.T).argmax(-1) for i in range(0, len(x), step)])
-        labels = torch.cat([ids[:, :1].to(self.device), arg.view(ids.shape[0], -1)], 1)
+        labels = torch.cat([ids[:, :1], arg.view(ids.shape[0], -1)], 1)
         return {"hidden": hidden, "labels": labels}
 
     def idle(self) -> None:

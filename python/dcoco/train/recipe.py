@@ -75,13 +75,15 @@ def run(cfg: TrainConfig, target: str = SMOLLM2, prompts: str | None = None, dat
         init: str | None = None, layers: int = 2, target_layer_ids: list[int] | None = None, block_size: int = 16,
         mask_token_id: int | None = None, max_prompt_tokens: int = 300, max_new_tokens: int = 128,
         gen_batch: int = 16, feat_batch: int = 8, thinking: bool = False, features: str = "auto",
-        shard_target: bool = False, progress: bool = True) -> TrainResult:
+        shard_target: bool = False, labels: str = "argmax", progress: bool = True) -> TrainResult:
     """Everything `dcoco train` does. data: a `dcoco data generate` folder to train on instead of answers generated
     here from prompts. init: a DFlash or DCOCO checkpoint, or a hub id, to start from (its config wins over
     layers/target_layer_ids/block_size/mask_token_id).
     features: "online" runs the frozen target on every batch (online.py), "cache" builds a feature cache first
     (under torchrun rank 0 builds it, the others wait), "auto" is online on CUDA, a cache on a CPU. shard_target:
-    FSDP2 over the ranks for the online target (needs data: generation runs the whole target on each rank)."""
+    FSDP2 over the ranks for the online target (needs data: generation runs the whole target on each rank).
+    labels: the online target's labels (TargetFeatures): "argmax", or "corpus" for data that holds the target's own
+    greedy answers."""
     if features not in FEATURES:
         raise ValueError(f"features: expected one of {FEATURES}, got {features!r}")
     rank, world = init_distributed(cfg.dist_timeout)
@@ -89,6 +91,9 @@ def run(cfg: TrainConfig, target: str = SMOLLM2, prompts: str | None = None, dat
     online = features == "online" or (features == "auto" and dev.type == "cuda")
     if shard_target and not online:
         raise ValueError("shard_target: shards the online target; pass features='online' (--features online)")
+    if labels != "argmax" and (not online or data is None):
+        raise ValueError(f"labels: {labels!r} is for online features on --data from the target's own greedy answers "
+                         f"(features='online' and data)")
     if shard_target and data is None:
         raise ValueError("shard_target: needs data (--data, from `dcoco data generate`): generating answers here "
                          "runs the whole target on each rank")
@@ -118,7 +123,7 @@ def run(cfg: TrainConfig, target: str = SMOLLM2, prompts: str | None = None, dat
         embed, head = (m.weight.detach() for m in (model.get_input_embeddings(), model.get_output_embeddings()))
         if shard_target:  # copies, taken before sharding replaces the target's weights with shards
             embed, head = embed.clone(), head.clone()
-        feats = TargetFeatures(model, dcfg.target_layer_ids, dev, shard_target)
+        feats = TargetFeatures(model, dcfg.target_layer_ids, dev, shard_target, labels)
         return train(cfg, corpus, embed, head, drafter, corrector, progress=progress, target=feats)
     for turn in (0, 1):  # rank 0 builds while the others wait, then they read its cache
         if (rank == 0) == (turn == 0):

@@ -127,6 +127,15 @@ def saved_progress(out: str | Path) -> tuple[int, int] | None:
     return state["step"], state["total"]
 
 
+def logged_steps(out: str | Path) -> int:
+    """The last step in out/log.jsonl (0 without one)."""
+    path = Path(out) / "log.jsonl"
+    if not path.is_file():
+        return 0
+    rows = [row for _, row in read_lines(path.read_text(), appended=True) if isinstance(row, dict)]
+    return max((r["step"] for r in rows if isinstance(r.get("step"), int)), default=0)
+
+
 def read_state(out: Path, mmap: bool = False) -> dict:
     """out's train_state.pt; ValueError naming the file when it is missing, cut short or not a training state."""
     path = out / STATE
