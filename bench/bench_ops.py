@@ -2,8 +2,8 @@
 always and on CUDA when a device is visible (the `cuda` groups; CUDA timings synchronise after every call);
 the training op (score and its compiled backward) on the CPU.
 
-  python -m pytest bench/bench_ops.py --benchmark-only --benchmark-json bench/results/cpu.json
-  python bench/summarize.py bench/results/cpu.json      # the markdown table of bench/README.md
+  python -m pytest bench/bench_ops.py --benchmark-only --benchmark-json bench/results/cpu/cpu.json
+  python bench/summarize.py bench/results/cpu/cpu.json  # the tables of bench/results/cpu/README.md
 
 Groups R=1, 8, 32 (d=4096, B=15, K=16, V=151936, bf16 inputs), each with: the fused forward with and
 without the prepared vocabulary table, the native backend (dcoco.ops.native: the same rewrites in plain PyTorch)
@@ -66,15 +66,15 @@ def test_forward(benchmark, model, impl, R, device):
     benchmark.group = f"forward R={R}" + ("" if device == "cpu" else " cuda")
     benchmark.extra_info.update(R=R, d=D, B=B, K=K, V=V, impl=impl, device=device, threads=torch.get_num_threads())
     if impl == "dcoco_table":
-        fn = lambda: torch.ops.dcoco.correct(hidden, ids, logits, embed, *w, table)  # noqa: E731
+        fn = lambda: torch.ops.dcoco.correct(hidden, ids, logits, embed, *w, table)
     elif impl == "dcoco":
-        fn = lambda: torch.ops.dcoco.correct(hidden, ids, logits, embed, *w, None)  # noqa: E731
+        fn = lambda: torch.ops.dcoco.correct(hidden, ids, logits, embed, *w, None)
     elif impl == "native_table":
-        fn = lambda: native.correct(hidden, ids, logits, embed, w, table)  # noqa: E731
+        fn = lambda: native.correct(hidden, ids, logits, embed, w, table)
     elif impl == "native":
-        fn = lambda: native.correct(hidden, ids, logits, embed, w)  # noqa: E731
+        fn = lambda: native.correct(hidden, ids, logits, embed, w)
     else:
-        fn = lambda: ref.forward(hidden, ids, logits, embed, *w)  # noqa: E731
+        fn = lambda: ref.forward(hidden, ids, logits, embed, *w)
     with torch.no_grad():
         want = torch.ops.dcoco.correct(hidden, ids, logits, embed, *w, table)[0]
         got = fn()[0]
@@ -98,18 +98,18 @@ def test_train(benchmark, model, impl, R):
     G = torch.randn(R, B - 1, K, K, generator=torch.Generator().manual_seed(R))
     benchmark.group = f"train R={R}"
     benchmark.extra_info.update(R=R, d=D, B=B, K=K, V=V, impl=impl, device="cpu", threads=torch.get_num_threads())
-    dcoco_score = lambda: torch.ops.dcoco.score(hidden, ids, logits, embed, *w)  # noqa: E731
-    native_score = lambda: native.score(hidden, ids, logits, embed, w)  # noqa: E731
+    dcoco_score = lambda: torch.ops.dcoco.score(hidden, ids, logits, embed, *w)
+    native_score = lambda: native.score(hidden, ids, logits, embed, w)
     with torch.no_grad():
         torch.testing.assert_close(dcoco_score(), native_score(), rtol=1e-3, atol=1e-3)  # same grid before timing
     if impl == "dcoco_forward":
-        fn = lambda: torch.ops.dcoco.score(hidden.detach(), ids, logits.detach(), embed, *(t.detach() for t in w))  # noqa: E731
+        fn = lambda: torch.ops.dcoco.score(hidden.detach(), ids, logits.detach(), embed, *(t.detach() for t in w))
     elif impl == "dcoco_backward":
-        fn = lambda: torch.ops.dcoco.score_backward(G, hidden.detach(), ids, logits.detach(), embed,  # noqa: E731
+        fn = lambda: torch.ops.dcoco.score_backward(G, hidden.detach(), ids, logits.detach(), embed,
                                                     *(t.detach() for t in w))
     elif impl == "native_forward":
-        fn = lambda: native_score().detach()  # noqa: E731
+        fn = lambda: native_score().detach()
     else:
         score = dcoco_score if impl == "dcoco_forward_backward" else native_score
-        fn = lambda: torch.autograd.grad((score() * G).sum(), (hidden, logits, *w))  # noqa: E731
+        fn = lambda: torch.autograd.grad((score() * G).sum(), (hidden, logits, *w))
     benchmark.pedantic(fn, rounds=5, warmup_rounds=1)

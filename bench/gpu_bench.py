@@ -74,7 +74,8 @@ def ceilings() -> dict:
 def floor_us(R: int, ceil: dict, D: int) -> float | None:
     if not ceil:
         return None
-    nbytes = 3 * r * D * 4 + H * (3 * r + 2) * 4 + R * B * D * 2 + R * B * K * (r * 4 + 8 + 2)  # weights, hidden, table rows, ids, logits
+    # weights, hidden, table rows, ids, logits
+    nbytes = 3 * r * D * 4 + H * (3 * r + 2) * 4 + R * B * D * 2 + R * B * K * (r * 4 + 8 + 2)
     flops = 2 * R * (B * 3 * r * D + B * K * r * (r + 2 * H) + (B - 1) * r * H + (B - 1) * K * H * 2)
     return max(nbytes / ceil["copy_bytes_per_s"], flops / ceil["bf16_flop_per_s"]) * 1e6
 
@@ -88,9 +89,9 @@ def main() -> None:
     dev = "cpu" if args.rehearse else "cuda"
     D, V, R_rows, R_train = SIZES["rehearsal" if args.rehearse else "device"]
     if args.rehearse:  # every timer eager, by perf_counter, nothing to synchronize
-        no_sync = lambda: None  # noqa: E731
-        graph_us = lambda fn, reps=200: eager_time_us(fn, min(reps, 3), no_sync)  # noqa: E731
-        eager_us = lambda fn, reps=5: eager_time_us(fn, reps, no_sync)  # noqa: E731
+        no_sync = lambda: None
+        graph_us = lambda fn, reps=200: eager_time_us(fn, min(reps, 3), no_sync)
+        eager_us = lambda fn, reps=5: eager_time_us(fn, reps, no_sync)
     else:
         graph_us, eager_us = graph_time_us, eager_time_us
     dcoco.set_backend("fused")  # the Corrector calls below time the kernel; native.* is called directly
@@ -109,7 +110,7 @@ def main() -> None:
             "date": time.strftime("%Y-%m-%d"), "torch": torch.__version__, "dcoco": dcoco.build_info(),
             "ceilings": ceil, "rows": rows, "train": train}
     # written after every R, so a timeout keeps what ran
-    save = lambda: Path(args.out, "gpu_bench.json").write_text(json.dumps(info, indent=2))  # noqa: E731
+    save = lambda: Path(args.out, "gpu_bench.json").write_text(json.dumps(info, indent=2))
     for R in R_rows:
         h = torch.randn(R, B, D, device=dev, dtype=torch.bfloat16)
         ids = torch.randint(0, V, (R, B, K), device=dev)
@@ -135,7 +136,7 @@ def main() -> None:
         def grad(score):
             return torch.autograd.grad((score(hg, ids, lgg, embed, wg) * G).sum(), (hg, lgg, *wg))
 
-        fused_score = lambda h, i, l, e, ws: torch.ops.dcoco.score(h, i, l, e, *ws)  # noqa: E731  native.score's call
+        fused_score = lambda h, i, l, e, ws: torch.ops.dcoco.score(h, i, l, e, *ws)
         fused_fb = eager_us(lambda: grad(fused_score), eager_reps)
         native_fb = eager_us(lambda: grad(native.score), eager_reps)
         peak = None

@@ -209,7 +209,7 @@ def main() -> None:
             "graphs": cuda, "note": None if cuda else "CPU rehearsal: CUDA graphs and CUDA-event timings skipped, "
             "eager timed with perf_counter", "baseline": {}, "cases": []}
     out = Path(args.out)
-    save = lambda: out.write_text(json.dumps(info, indent=1))  # noqa: E731
+    save = lambda: out.write_text(json.dumps(info, indent=1))
     inputs = {}
     for R in args.R:
         # the drafter pass's R(1+N) rows, request-major, each request's anchor first: the plugin's hook gets the N
@@ -219,7 +219,7 @@ def main() -> None:
         anchor = (pass_rows[::N + 1], torch.randint(args.V, (R * (N + 1),), generator=g, device=dev)[::N + 1])
         logits = draft_logits(R * N, args.V, g, dev)
         work = torch.empty_like(logits)
-        restore = lambda: work.copy_(logits)  # noqa: E731
+        restore = lambda: work.copy_(logits)
         base = {"eager_us": timer(lambda: work.argmax(-1), restore, max(3, args.reps // 5))}
         if cuda:
             restore()
@@ -245,9 +245,9 @@ def main() -> None:
                 for point_mass in (False, True) if not a else (False,):
                     case = {"backend": backend, "R": R, "anchor": a, "point_mass": point_mass, "error": None}
                     info["cases"].append(case)
-                    step = lambda: (hook.on_logits(correct, hidden, work, K, point_mass, *anchor)  # noqa: E731
+                    step = lambda: (hook.on_logits(correct, hidden, work, K, point_mass, *anchor)
                                     .argmax(-1))
-                    restore = lambda: work.copy_(logits)  # noqa: E731
+                    restore = lambda: work.copy_(logits)
                     try:
                         restore()
                         tokens = step()
@@ -255,7 +255,7 @@ def main() -> None:
                         case["topk_equal"] = torch.equal(ids.view(R, N, K).cpu(), cpu["ids"])
                         case.update(walk_check(m_cpu[a], cpu, ids.view(R, N, K).cpu(), tokens.view(R, N).cpu()))
                         case["eager_us"] = timer(step, restore, max(3, args.reps // 5))
-                        alone = lambda: correct(hidden, ids, values, *anchor)  # noqa: E731  no top-K, no hand-back
+                        alone = lambda: correct(hidden, ids, values, *anchor)
                         case["corrector_equal"] = torch.equal(alone(), tokens)
                         if cuda:
                             restore()
@@ -281,7 +281,7 @@ def main() -> None:
           "| DFlash us | ratio |")
     print("|---|---|---|---|---|---|---|---|---|---|---|")
     for c in info["cases"]:
-        f = lambda k: f"{c[k]:.1f}" if isinstance(c.get(k), float) else "-"  # noqa: E731
+        f = lambda k: f"{c[k]:.1f}" if isinstance(c.get(k), float) else "-"
         b = info["baseline"][str(c["R"])]
         print(f"| {c['backend']} | {c['R']} | {c['anchor']} | {c['point_mass']} | {f('agree_slots')} "
               f"| {c.get('invalid_walks', '-')} | {f('eager_us')} | {f('graph_us')} | {f('corrector_us')} | "

@@ -114,7 +114,7 @@ def run_all(out: str, timeout: float, device: str, logs: str) -> None:
                "--port", str(49152 + 100 * i), "--strip-paths", "no", "--print-limit", "20",
                "--launch-timeout", "30",  # the default 10 s to connect may not cover three at once importing torch
                sys.executable, os.path.abspath(__file__), "--case", "--device", device]
-        log = open(os.path.join(logs, f"sanitizer_{tool}.log"), "w+")  # noqa: SIM115  read back below
+        log = open(os.path.join(logs, f"sanitizer_{tool}.log"), "w+")
         procs[tool] = (subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, start_new_session=True),
                        log, time.monotonic())
     ends, deadline = {}, time.monotonic() + timeout

@@ -1,16 +1,20 @@
 """The CUDA backward of dcoco.score (cuda/score_grad.cuh) on an H200, by a traffic and FLOP model
 (no GPU has run either design: every constant below is stated and the result is a roofline, not a measurement).
 
-Three designs at one training shape (R anchors x B slots x K candidates, fp32 weights, bf16 hidden and embed):
-  today   the backward as in git a1c465e (one CTA per slot re-reading every weight, thread-per-element outer sums
-          over all rows, serial column sums, b2 summed by one thread);
-  new     the GEMM-shaped backward (tile_gemm<SimtMma> with loaders/epilogues; weight gradients split over row
-          spans with ordered partial reductions; column sums as block reductions);
-  forward the fused forward dcoco.score runs (cuda/fused_forward.cuh stages 1-3: projections, fuse, the grid; no
-          table, no walk), its tile counts from cuda/plan.cuh's plan_of; 16-bit inputs take the tensor cores.
+Three designs at one training shape (R anchors x B slots x K candidates, fp32 weights, bf16 hidden and embed),
+under the JSON keys today, new and forward:
+  per-slot     (key today) a backward with one CTA per slot re-reading every weight, thread-per-element outer
+               sums over all rows, serial column sums and b2 summed by one thread: the straightforward design,
+               modelled as the baseline the GEMM-shaped one is compared with;
+  GEMM-shaped  (key new) the backward cuda/score_grad.cuh implements (tile_gemm<SimtMma> with loaders/epilogues;
+               weight gradients split over row spans with ordered partial reductions; column sums as block
+               reductions);
+  forward      the fused forward dcoco.score runs (cuda/fused_forward.cuh stages 1-3: projections, fuse, the
+               grid; no table, no walk), its tile counts from cuda/plan.cuh's plan_of; 16-bit inputs take the
+               tensor cores.
 
 Per kernel: DRAM bytes two ways, and the roofline time
-  no-reuse  every tile (CTA) reads its operands from DRAM: A once per n-tile, B once per m-tile (the brief's
+  no-reuse  every tile (CTA) reads its operands from DRAM: A once per n-tile, B once per m-tile (the pessimistic
             assumption: L2 does not hold operands re-read across CTAs);
   L2        compulsory DRAM traffic only (each distinct operand once), re-reads served by L2 at L2_BW. Justified
             for the GEMMs' shared operands: the weights are 8.4 MB and every weight operand <= 6.3 MB (H200 L2:
@@ -19,7 +23,7 @@ Per kernel: DRAM bytes two ways, and the roofline time
   time = max(bytes / bandwidth, FLOPs / peak, issued instructions / issue rate, serial dependency chains), summed
   over kernels, plus LAUNCH_US per launch (back-to-back launches on one stream, no graph).
 
-    python bench/grad_model.py            # prints the table, writes bench/results/grad-model.json
+    python bench/grad_model.py            # prints the table, writes bench/results/grad-model/grad-model.json
 """
 
 from __future__ import annotations
@@ -39,7 +43,7 @@ LAUNCH_US = 2.0       # per kernel launch on one stream
 INSTR_FWD_TERM = 38   # one forward MLP term (bench/walk_model.py: u+a+b, gelu via erf_rational, the w2 FMA, loads)
 INSTR_BWD_TERM = 75   # one backward term, transition_unit_grad: gelu and gelu_grad (erf shared after inlining,
 #                       exp_nonpos ~15), 3 products, 3 accumulations, 2 loads
-LOCAL_BYTES_PER_TERM = 8  # today: dsucc[64] lives in local memory: one load + one store of 4 bytes per term
+LOCAL_BYTES_PER_TERM = 8  # per-slot: dsucc[64] lives in local memory: one load + one store of 4 bytes per term
 KBM, KBN, KBK = 64, 128, 32  # cuda/plan.cuh
 GRAD_CTAS, MIN_SPAN, COL_ROWS = 264, 256, 256  # cuda/score_grad.cuh
 
@@ -49,6 +53,7 @@ F32, BF16 = 4, 2
 CLOCK = GPU["clock_ghz"] * 1e9
 ISSUE = GPU["sms"] * GPU["issue_per_sm"] * CLOCK
 WAVE = GPU["sms"] * THREADS_PER_SM
+LABELS = {"today": "per-slot backward", "new": "GEMM-shaped backward", "forward": "fused forward"}
 
 
 def cdiv(a: int, b: int) -> int:
@@ -74,15 +79,16 @@ def gemm(name, M, N, Kd, ea, eb, out_bytes, a_distinct=None, b_distinct=None, tc
 
 def timing(k: dict) -> dict:
     hbm, l2 = GPU["hbm_tbs"] * 1e12, GPU["l2_tbs"] * 1e12
-    compute = max(k["gflops_fp32"] * 1e9 / (GPU["fp32_tflops"] * 1e12) + k["gflops_tc"] * 1e9 / (GPU["bf16_tc_tflops"] * 1e12),
+    compute = max(k["gflops_fp32"] * 1e9 / (GPU["fp32_tflops"] * 1e12)
+                  + k["gflops_tc"] * 1e9 / (GPU["bf16_tc_tflops"] * 1e12),
                   k["ginstr"] * 1e9 / ISSUE, k["serial_ms"] / 1e3)
     k["ms_noreuse"] = 1e3 * max(k["dram_noreuse_gb"] * 1e9 / hbm, compute)
     k["ms_l2"] = 1e3 * max(k["dram_compulsory_gb"] * 1e9 / hbm, k["dram_noreuse_gb"] * 1e9 / l2, compute)
     return k
 
 
-# ---------------------------------------------------------------------------------------------------- today (HEAD)
-def today() -> list[dict]:
+# -------------------------------------------------------------------------------------------------------- per-slot
+def per_slot() -> list[dict]:
     ks = []
     W_slot, W_cand, W_fuse, W1_ab, W1_s = 3 * r * d * F32, r * d * F32, 2 * r * r * F32, 2 * H * r * F32, H * r * F32
     # 1. grad_forward_kernel, a CTA per slot: (3+K) r d-wide warp dots, then the r-wide work per thread
@@ -124,7 +130,7 @@ def today() -> list[dict]:
     return ks
 
 
-# ---------------------------------------------------------------------------------------------------------- new
+# ----------------------------------------------------------------------------------------------------- GEMM-shaped
 def split_of(N, Kd, M):
     mt, nt = cdiv(N, KBM), cdiv(Kd, KBN)
     want = min(cdiv(GRAD_CTAS, mt * nt), cdiv(M, MIN_SPAN))
@@ -151,7 +157,7 @@ def column_sum(name, rows, cols, bytes_per_elem):
     return kernel(f"colsum {name}", nb, nb, serial_s=ser, launches=2, grid=f"{cb}x{chunks} + reduce")
 
 
-def new() -> list[dict]:
+def gemm_shaped() -> list[dict]:
     ks = [gemm("slot_proj [g|P|Q]", S, 3 * r, d, BF16, F32, S * 3 * r * F32),
           gemm("cand_proj b", C, r, d, BF16, F32, C * r * F32),
           kernel("ln_inputs", 2 * (S + C) * r * F32, 2 * (S + C) * r * F32, grid=f"{cdiv(S + C, 256)}"),
@@ -164,16 +170,18 @@ def new() -> list[dict]:
     tb = Tn * (H + 2 * K * H + K * K + 2 * K * H + 2 * H + 2 * K) * F32
     ks.append(kernel("transition", tb, tb, instr=terms * INSTR_BWD_TERM, grid=f"{Tn}"))
     ks += [gemm("dz = [dpred|dsucc] W1_ab", C, r, 2 * H, F32, F32, 2 * C * r * F32),
-           kernel("ln_z_grad + d_logits", (3 * C * r + C * K + 3 * C) * F32, (3 * C * r + 3 * C) * F32 + Tn * K * K * F32,
-                  grid=f"{cdiv(C, 256)}"),
+           kernel("ln_z_grad + d_logits", (3 * C * r + C * K + 3 * C) * F32,
+                  (3 * C * r + 3 * C) * F32 + Tn * K * K * F32, grid=f"{cdiv(C, 256)}"),
            gemm("db = dzc W_fuse_b", C, r, r, F32, F32, C * r * F32),
-           kernel("ln_b_grad + dzs", (4 * C * r + S * r) * F32, (4 * C * r + S * r) * F32, grid=f"{cdiv(C + S * r, 256)}"),
+           kernel("ln_b_grad + dzs", (4 * C * r + S * r) * F32, (4 * C * r + S * r) * F32,
+                  grid=f"{cdiv(C + S * r, 256)}"),
            gemm("dg = dzs W_fuse_g", S, r, r, F32, F32, S * r * F32),
            gemm("ds = du W1_s", Tn, r, H, F32, F32, Tn * r * F32),
            kernel("ln_g_grad", 3 * S * r * F32, 3 * S * r * F32, grid=f"{cdiv(S, 256)}"),
            gemm("d_hidden = [dgc|dP|dQ] W_slot", S, d, 3 * r, F32, F32, S * d * F32)]
-    for args in [("W_cand", r, d, C, F32, BF16), ("W_ctx|W_pair", 3 * r, d, S, F32, BF16), ("W_fuse_b", r, r, C, F32, F32),
-                 ("W_fuse_g", r, r, S, F32, F32), ("W1_s", H, r, Tn, F32, F32), ("W1_a|W1_b", 2 * H, r, C, F32, F32)]:
+    for args in [("W_cand", r, d, C, F32, BF16), ("W_ctx|W_pair", 3 * r, d, S, F32, BF16),
+                 ("W_fuse_b", r, r, C, F32, F32), ("W_fuse_g", r, r, S, F32, F32), ("W1_s", H, r, Tn, F32, F32),
+                 ("W1_a|W1_b", 2 * H, r, C, F32, F32)]:
         ks += weight_gemm(*args)
     ks += [column_sum("gamma", C, r, 2 * F32), column_sum("beta", C, r, F32), column_sum("b1", Tn, H, F32),
            column_sum("w2", Tn, H, F32), column_sum("w_la", C, H, F32), column_sum("w_lb", C, H, F32),
@@ -222,13 +230,13 @@ def total(ks: list[dict]) -> dict:
 
 
 def main() -> None:
-    designs = {"today": today(), "new": new(), "forward": forward()}
+    designs = {"today": per_slot(), "new": gemm_shaped(), "forward": forward()}  # the JSON's keys
     out = {"shape": SHAPE, "gpu": GPU, "l2_bw_note": L2_BW_NOTE, "fadd_cycles": FADD_CYCLES, "launch_us": LAUNCH_US,
            "instr_fwd_term": INSTR_FWD_TERM, "instr_bwd_term": INSTR_BWD_TERM, "designs": {}, "totals": {}}
     for name, ks in designs.items():
         ks = [timing(k) for k in ks]
         out["designs"][name], out["totals"][name] = ks, total(ks)
-        print(f"\n== {name} ==")
+        print(f"\n== {LABELS[name]} ==")
         print(f"{'kernel':<36} {'grid':>16} {'DRAM GB':>9} {'(L2)':>7} {'GF fp32':>8} {'GF tc':>6} {'Ginstr':>7}"
               f" {'ms':>8} {'ms(L2)':>7}")
         for k in ks:
@@ -240,17 +248,18 @@ def main() -> None:
               f" {t['dram_compulsory_gb']:>7.2f} {t['gflops_fp32']:>8.1f} {t['gflops_tc']:>6.1f} {'':>7}"
               f" {t['ms_noreuse']:>8.2f} {t['ms_l2']:>7.2f}")
     T, f = out["totals"], out["totals"]["forward"]
-    out["ratios"] = {k: {"vs_forward_noreuse": T[k]["ms_noreuse"] / f["ms_noreuse"], "vs_forward_l2": T[k]["ms_l2"] / f["ms_l2"]}
+    out["ratios"] = {k: {"vs_forward_noreuse": T[k]["ms_noreuse"] / f["ms_noreuse"],
+                         "vs_forward_l2": T[k]["ms_l2"] / f["ms_l2"]}
                      for k in ("today", "new")}
     out["ratios"]["today_over_new"] = {"noreuse": T["today"]["ms_noreuse"] / T["new"]["ms_noreuse"],
                                        "l2": T["today"]["ms_l2"] / T["new"]["ms_l2"]}
     print("\nbackward / forward (target <= 3):")
     for k in ("today", "new"):
         r_ = out["ratios"][k]
-        print(f"  {k:<6} {r_['vs_forward_noreuse']:7.1f}x (no reuse)   {r_['vs_forward_l2']:7.1f}x (L2)")
-    print(f"  today / new: {out['ratios']['today_over_new']['noreuse']:.1f}x (no reuse), "
+        print(f"  {LABELS[k]:<20} {r_['vs_forward_noreuse']:7.1f}x (no reuse)   {r_['vs_forward_l2']:7.1f}x (L2)")
+    print(f"  per-slot / GEMM-shaped: {out['ratios']['today_over_new']['noreuse']:.1f}x (no reuse), "
           f"{out['ratios']['today_over_new']['l2']:.1f}x (L2)")
-    path = Path("bench/results/grad-model.json")
+    path = Path("bench/results/grad-model/grad-model.json")
     path.write_text(json.dumps(out, indent=2) + "\n")
     print(f"wrote {path}")
 

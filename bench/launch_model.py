@@ -17,7 +17,7 @@ Projected per op, summed (a stream runs its kernels one after another):
   graph   max(GRAPH_NODE_US, GPU time): a CUDA graph replays the same kernels without the host;
   GPU time = bytes / HBM_TBS (an op reads its inputs and writes its outputs once) + GEMM FLOPs / FP32_TFLOPS.
 
-    python bench/launch_model.py          # prints the table, writes bench/results/launch-model.json
+    python bench/launch_model.py          # prints the table, writes bench/results/launch-model/launch-model.json
 """
 
 from __future__ import annotations
@@ -33,7 +33,7 @@ from dcoco.serve import hook
 from dcoco.ops.launches import count
 
 sys.path.insert(0, str(Path(__file__).parent))
-import walk_model  # noqa: E402  (the fused kernel's walk, modelled)
+import walk_model
 
 D, B, K, V, R_ALL = 4096, 15, 16, 151_936, (1, 8, 32)
 LAUNCH_EAGER_US = (4.0, 6.0)  # PyTorch eager: dispatch + cudaLaunchKernel per op, host-bound for small kernels
@@ -145,7 +145,7 @@ def main() -> None:
               f"{r['graph_us'][0]:>6.0f} .. {r['graph_us'][1]:<6.0f}")
     for name, (lo, hi) in BUDGET_US.items():
         print(f"budget: {name}: {lo:.0f}-{hi:.0f} us")
-    out = Path(__file__).parent / "results" / "launch-model.json"
+    out = Path(__file__).parent / "results" / "launch-model" / "launch-model.json"
     out.write_text(json.dumps({"shape": {"d": D, "B": B, "K": K, "V": V}, "launch_eager_us": LAUNCH_EAGER_US,
                                "graph_node_us": GRAPH_NODE_US, "hbm_tbs": HBM_TBS, "fp32_tflops": FP32_TFLOPS,
                                "budget_us": BUDGET_US, "rows": rows}, indent=2) + "\n")

@@ -1,6 +1,6 @@
 """Extra peak memory of Corrector.score + backward on the CPU, per backend, at a training size.
 
-  python bench/native_memory.py --out bench/results/native_memory.json      # R=512, B=15, K=16, d=4096
+  python bench/native_memory.py --out bench/results/native-memory/native_memory.json  # R=512, B=15, K=16, d=4096
 
 Each (backend, size) runs in a fresh process: inputs and weights are made first, the peak resident set is
 reset (/proc/self/clear_refs), then score + backward run; the figure is the peak minus the resident set

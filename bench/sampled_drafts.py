@@ -7,7 +7,8 @@ tests/data (a default-size demo drafter; or --drafter DIR), over the shipped sui
 (point mass) and probabilistically (the engine's draft_sample_method). tau with 95% CIs and ratios against DCOCO's
 point mass with paired bootstrap CIs over the (prompt, seed) decodes.
 
-    .venv/bin/python bench/sampled_drafts.py --out bench/results/sampled-drafts.json   # about 20 min on 2 cores
+    # about 20 min on 2 cores
+    .venv/bin/python bench/sampled_drafts.py --out bench/results/sampled-drafts/sampled-drafts.json
 """
 
 from __future__ import annotations
@@ -36,7 +37,7 @@ def main() -> None:
     ap.add_argument("--seeds", type=int, default=2, help="decodes per prompt, each its own sample")
     ap.add_argument("--tokens", type=int, default=64)
     ap.add_argument("--temperature", type=float, default=1.0)
-    ap.add_argument("--out", default="bench/results/sampled-drafts.json")
+    ap.add_argument("--out", default="bench/results/sampled-drafts/sampled-drafts.json")
     args = ap.parse_args()
     torch.manual_seed(0)
     tok, model = load_target(SMOLLM2)

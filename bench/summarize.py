@@ -36,4 +36,4 @@ def main(path: str) -> None:
 
 
 if __name__ == "__main__":
-    main(sys.argv[1] if len(sys.argv) > 1 else "bench/results/cpu.json")
+    main(sys.argv[1] if len(sys.argv) > 1 else "bench/results/cpu/cpu.json")

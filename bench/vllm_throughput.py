@@ -164,7 +164,7 @@ def profile(a, work: Path) -> dict:
             ev = {e.key: e for e in prof.key_averages()}
 
             def ms(key):
-                return ev[key].cpu_time_total / 1e3 if key in ev else 0.0
+                return ev[key].cpu_time_total / 1e3 if key in ev else 0.0  # noqa: B023 (called in this iteration)
             step = ms("draft_step")
             out[f"c{c}"] = {"wall_ms": wall * 1e3, "draft_step_ms": step, "draft_steps": ev["draft_step"].count,
                             "hook_ms": ms(vllm_model.HOOK), "corrector_ms": ms(vllm_model.OP_NAME),

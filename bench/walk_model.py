@@ -10,7 +10,7 @@ Work per MLP term, from cpp/include/dcoco/math.h (transition_terms with gelu/erf
 instructions: u+a+b (2), x/sqrt2 (1), clamp (2), t=c*c (1), the P and Q polynomials (5 + 6 FMA), c*p/q (1 + about
 10 for an IEEE division), selects (2), 0.5 x (1+e) (3), the w2 FMA (1), 4 loads: about 38.
 
-    python bench/walk_model.py            # prints the table, writes bench/results/walk-model.json
+    python bench/walk_model.py            # prints the table, writes bench/results/walk-model/walk-model.json
 """
 
 from __future__ import annotations
@@ -66,7 +66,7 @@ def main() -> None:
     for r in rows:
         print(f"{r['R']:>3} | {r['serial_us'][0]:>10.1f} .. {r['serial_us'][1]:<10.1f} | "
               f"{r['grid_us'][0]:>9.1f} .. {r['grid_us'][1]:<10.1f} | {r['terms_serial']:,} / {r['terms_grid']:,}")
-    out = Path("bench/results/walk-model.json")
+    out = Path("bench/results/walk-model/walk-model.json")
     out.write_text(json.dumps({"gpu": GPU, "instr_per_term": INSTR_PER_TERM, "efficiency": EFFICIENCY,
                                "sync_cycles": SYNC_CYCLES, "l2_cycles": L2_CYCLES, "handoff_us": HANDOFF_US,
                                "K": K, "H": H, "steps": STEPS, "rows": rows}, indent=2) + "\n")

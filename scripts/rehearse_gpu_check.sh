@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
-# bench/gpu_check.sh rehearsed on this CPU machine (GPU steps stubbed): its device plan must fit the device time
-# (START, the machine's start and transfers, plus every step's timeout <= LIMIT), every step must run and the report
-# must be written, so a GPU run never meets a typo. Needs .venv (scripts/setup.sh); fetches the CUTLASS wheel
-# the device call carries into .whl/ when it is not there (as the device README says to).
+# bench/gpu_check.sh rehearsed on this CPU machine (GPU steps stubbed), so a run on a GPU never meets a typo: its
+# plan must fit its time limit (START, the GPU machine's start and transfers, plus every step's timeout <= LIMIT,
+# both set in bench/gpu_check.sh), every step must run and the report must be written. Needs .venv
+# (scripts/setup.sh). Downloads the CUTLASS wheel into .whl/ when it is not there: the check installs CUTLASS's
+# headers from that wheel, so a copy of this checkout runs it on a GPU machine without network access.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 start=$SECONDS

@@ -232,8 +232,9 @@ def test_bench_preflight_waits_the_users_timeout(tmp_path, monkeypatch):
 
 
 def test_data_writes_are_the_documented_blind_spot_of_the_staleness_check():
-    """`.data` writes bypass autograd's version counter, so the check cannot see them (README, API notes): the
-    stale table stays in use until prepare_inference runs again, which then matches the unprepared result."""
+    """`.data` writes bypass autograd's version counter, so the check cannot see them (docs/backends.md, "Documented
+    edge cases"): the stale table stays in use until prepare_inference runs again, which then matches the unprepared
+    result."""
     torch.manual_seed(3)
     c = Corrector(D, 8, 16, 32)
     torch.nn.init.normal_(c.mlp[2].weight)

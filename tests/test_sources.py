@@ -27,7 +27,7 @@ def files():
             rel = path.relative_to(ROOT)
             if path.is_file() and path.suffix in SUFFIXES and not {"results", "data", "__pycache__"} & set(rel.parts):
                 yield rel
-    yield from (Path(name) for name in ("CMakeLists.txt", "pyproject.toml", "README.md"))
+    yield from (Path(name) for name in ("CMakeLists.txt", "pyproject.toml", "README.md", "CONTRIBUTING.md"))
 
 
 def lines():

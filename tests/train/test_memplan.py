@@ -243,7 +243,7 @@ def test_qwen3_8b_zlab_fits_80gib(shard):
 
 
 def test_cli_dry_run_of_the_qwen3_recipe(capsys, tmp_path):
-    """What the README shows: the recipe's two stages planned offline from configs alone, both fitting."""
+    """What docs/training.md shows: the recipe's two stages planned offline from configs alone, both fitting."""
     from dcoco import cli
 
     root = ROOT / "recipes"

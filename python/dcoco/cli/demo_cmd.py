@@ -10,7 +10,8 @@ from .exits import exits
 def arguments(p: argparse.ArgumentParser) -> None:
     size = p.add_mutually_exclusive_group()
     size.add_argument("--full", dest="size", action="store_const", const="full",
-                      help="the recorded result: longer training, all 8 suites (its run time: bench/README.md)")
+                      help="the recorded result: longer training, all 8 suites "
+                           "(its run time and results: docs/demo.md)")
     size.add_argument("--smoke", dest="size", action="store_const", const="smoke",
                       help="a few steps of everything (what CI runs)")
     p.set_defaults(size="default")
