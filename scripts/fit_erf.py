@@ -28,7 +28,7 @@ def main() -> None:
     c, *_ = np.linalg.lstsq(lin, f, rcond=None)
     w = np.ones_like(x)
     for _ in range(8):
-        c = least_squares(lambda c: (model(c) - f) * w, c, xtol=1e-15, ftol=1e-15, gtol=1e-15, max_nfev=20000).x
+        c = least_squares(lambda c: (model(c) - f) * w, c, xtol=1e-15, ftol=1e-15, gtol=1e-15, max_nfev=20000).x  # noqa: B023 (called in this iteration)
         e = np.abs(model(c) - f)
         w *= 1 + 5 * e / e.max()
     p = c[:N_P + 1].astype(np.float32)

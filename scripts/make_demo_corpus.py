@@ -15,7 +15,6 @@ import argparse
 import time
 
 import numpy as np
-import torch
 
 from dcoco.target import corpus, smollm2
 from dcoco.cli import demo

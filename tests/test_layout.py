@@ -1,9 +1,10 @@
-"""The package's layout rules (README, "Layout"), checked on the source without importing it.
+"""The package's rules that no linter checks, on the source without importing it (import-linter checks the layers
+and cycles, `lint-imports` in .ci/run; deptry the declared dependencies as a whole).
 
 Every import of every module of python/dcoco counts: at module level and inside functions, absolute and relative.
-(a) No import circle. (b) Imports go one way between the layers: LAYERS says what each may import. (c) A module
-is at most MAX_LINES long and each function at most MAX_FUNCTION_LINES. (d) Each third-party import comes from a distribution that
-dcoco declares for that module: [project].dependencies, plus the extras of its layer (EXTRAS)."""
+(a) A module is at most MAX_LINES long and each function at most MAX_FUNCTION_LINES. (b) Each third-party import
+comes from a distribution that dcoco declares for that module: [project].dependencies, plus the extras of its layer
+(EXTRAS) or its own (MODULE_EXTRAS). (c) No module reads a private name of a module in another layer."""
 
 from __future__ import annotations
 
@@ -15,24 +16,14 @@ from pathlib import Path
 from helpers.imports import PKG, ImportVisitor, declared, distribution, norm
 
 
-# layer -> the layers it may import; "dcoco" is the package itself (dcoco/__init__.py, the public names)
-LAYERS = {
-    "ops": {"ops"},                                      # the compiled core's ops, the native backend, the choice
-    "top": {"ops", "top"},                               # corrector, loss, plots and the leaf I/O modules
-    "modeling": {"ops", "top", "modeling"},              # drafter, LM head, selector, checkpoints
-    "target": {"ops", "top", "target"},                  # the target model and its corpus
-    "dcoco": {"ops", "top", "modeling"},
-    "train": {"ops", "top", "modeling", "target", "train"},
-    "specdec": {"ops", "top", "modeling", "target", "specdec"},
-    "serve": {"ops", "top", "modeling", "serve"},
-    "cli": {"dcoco", "ops", "top", "modeling", "target", "train", "specdec", "serve", "cli"},
-    "testing": {"dcoco", "ops", "top", "modeling", "target", "train", "specdec", "serve", "testing"},
-}
+LAYERS = ("dcoco", "ops", "top", "modeling", "target", "train", "specdec", "serve", "cli", "testing")
 MAX_LINES, MAX_FUNCTION_LINES = 450, 80
 # extras beyond [project].dependencies, per layer, and per module where one module needs more than its layer
 EXTRAS = {"ops": (), "top": (), "modeling": (), "dcoco": (), "target": ("train",), "train": ("train",),
-          "specdec": ("train",), "cli": ("train", "demo"), "serve": (), "testing": ("test",)}
-MODULE_EXTRAS = {"dcoco.serve.vllm_model": ("vllm",)}
+          "specdec": ("train",), "cli": ("train", "demo", "bench"), "serve": (), "testing": ("test",)}
+MODULE_EXTRAS = {"dcoco.serve.vllm_model": ("vllm",), "dcoco.plots": ("demo", "bench"),
+                 "dcoco.chat": ("train", "bench"), "dcoco.serve.serve_bench": ("bench",),
+                 "dcoco.serve.serve_bench_report": ("bench",)}
 # distributions installed by one that dcoco declares
 COMES_WITH = {"tokenizers": "transformers", "huggingface-hub": "transformers"}
 
@@ -95,32 +86,32 @@ def test_every_subpackage_is_a_package():
     assert {layer(m) for m in modules()} <= set(LAYERS)
 
 
-def test_no_import_circle():
-    graph = {m: {d for d in dcoco_imports(m) if d in modules()} for m in modules()}
-    state: dict[str, int] = {}  # 1: on the path, 2: done
-    circles = []
-
-    def walk(m: str, path: list[str]) -> None:
-        state[m] = 1
-        for d in sorted(graph[m]):
-            if state.get(d) == 1:
-                circles.append(" -> ".join(path[path.index(d):] + [m, d]) if d in path else f"{m} -> {d}")
-            elif d not in state:
-                walk(d, path + [m])
-        state[m] = 2
-
-    for m in sorted(graph):
-        if m not in state:
-            walk(m, [])
-    assert not circles, circles
-
-
-def test_imports_go_one_way():
+def test_no_module_reads_a_private_name_of_another_layer():
+    """`from dcoco.x import _name` and `x._name` on an imported dcoco module, across layers."""
     bad = []
-    for m in modules():
-        for d in sorted(dcoco_imports(m)):
-            if layer(d) not in LAYERS[layer(m)]:
-                bad.append(f"{m} ({layer(m)}) imports {d} ({layer(d)})")
+    for m, path in modules().items():
+        tree = ast.parse(path.read_text())
+        aliases = {}  # local name -> dcoco module, for `import dcoco.x as y` and `from dcoco import x`
+        v = Imports(m, path)
+        for node in ast.walk(tree):
+            if isinstance(node, ast.ImportFrom):
+                v.found = []
+                v.visit_ImportFrom(node)
+                for a, (target, _) in zip(node.names, v.found):  # target: the module, or the one holding a.name
+                    if is_module(target) and target.endswith("." + a.name):
+                        aliases[a.asname or a.name] = target
+                    elif a.name.startswith("_") and not a.name.startswith("__") and layer(target) != layer(m):
+                        bad.append(f"{m} imports {target}.{a.name}")
+            elif isinstance(node, ast.Import):
+                for a in node.names:
+                    if a.name.startswith("dcoco.") and a.asname:
+                        aliases[a.asname] = a.name
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name) and node.value.id in aliases:
+                target = aliases[node.value.id]
+                if node.attr.startswith("_") and not node.attr.startswith("__") and layer(target) != layer(m) \
+                        and target != "dcoco._C":
+                    bad.append(f"{m} reads {target}.{node.attr}")
     assert not bad, bad
 
 

@@ -4,6 +4,7 @@ backend.py picks for the inputs' device (the fused compiled core, or the native 
 from __future__ import annotations
 
 import warnings
+from typing import cast
 
 import torch
 import torch.nn.functional as F
@@ -44,7 +45,8 @@ class Corrector(nn.Module):
             raise TypeError(f"anchor_transition: expected a bool, got {anchor_transition!r}")
         self.anchor_transition = anchor_transition
         if num_candidates > fused.MAX_CANDIDATES:
-            raise ValueError(f"num_candidates: at most {fused.MAX_CANDIDATES} (the compiled maximum), got {num_candidates}")
+            raise ValueError(f"num_candidates: at most {fused.MAX_CANDIDATES} (the compiled maximum), "
+                             f"got {num_candidates}")
         d, r, H = hidden_size, width, mlp_hidden
         self.hidden_size, self.num_candidates, self.width, self.mlp_hidden = d, num_candidates, r, H
         self.cand_proj = nn.Linear(d, r, bias=False)
@@ -53,8 +55,9 @@ class Corrector(nn.Module):
         self.fuse_norm = nn.LayerNorm(r, eps=1e-5)
         self.pair_proj = nn.Linear(2 * d, r, bias=False)
         self.mlp = nn.Sequential(nn.Linear(3 * r + 2, H), nn.GELU(), nn.Linear(H, 1))
-        nn.init.zeros_(self.mlp[2].weight)
-        nn.init.zeros_(self.mlp[2].bias)
+        out = cast(nn.Linear, self.mlp[2])
+        nn.init.zeros_(out.weight)
+        nn.init.zeros_(out.bias)
         self._prepared: tuple | None = None  # (key, table, float32 weights) from prepare_inference
         self._stand_in: torch.Tensor | None = None  # (V, d) of one element: the embedding of a table-only preparation
 
@@ -75,9 +78,9 @@ class Corrector(nn.Module):
 
     def weights(self) -> tuple[torch.Tensor, ...]:
         """The ten weight tensors in the order the dcoco ops take them (fused.WEIGHTS)."""
+        hid, out = cast(nn.Linear, self.mlp[0]), cast(nn.Linear, self.mlp[2])
         return (self.cand_proj.weight, self.ctx_proj.weight, self.fuse_proj.weight, self.fuse_norm.weight,
-                self.fuse_norm.bias, self.pair_proj.weight, self.mlp[0].weight, self.mlp[0].bias,
-                self.mlp[2].weight, self.mlp[2].bias)
+                self.fuse_norm.bias, self.pair_proj.weight, hid.weight, hid.bias, out.weight, out.bias)
 
     def score(self, hidden: torch.Tensor, cand_ids: torch.Tensor, cand_logits: torch.Tensor,
               embed: torch.Tensor | None = None, anchor_ids: torch.Tensor | None = None) -> torch.Tensor:
@@ -99,6 +102,7 @@ class Corrector(nn.Module):
                 raise ValueError("embed: None reads the vocabulary table, which carries no gradient; score under "
                                  "torch.no_grad() (or pass the embedding table for a gradient)")
             embed = self._table_only()
+            assert self._prepared is not None  # _table_only returned: the table-only preparation is there
             _, table, weights = self._prepared
             return native.score(hidden, cand_ids, cand_logits, embed, weights, table)
         fused.require_tensors(embed=embed)
@@ -228,10 +232,11 @@ class Corrector(nn.Module):
 
     def _table_only(self) -> torch.Tensor:
         """The stand-in embedding of a table-only preparation, whose weights must be those it was prepared with."""
-        if self._stand_in is None:
+        prepared = self._prepared  # set together with _stand_in (prepare_inference), dropped together
+        if self._stand_in is None or prepared is None:
             raise ValueError("embed: expected the (V, d) embedding table; None only after "
                              "prepare_inference(embed, table_only=True)")
-        if not torch.compiler.is_compiling() and self._key(self._stand_in)[3:] != self._prepared[0][3:]:
+        if not torch.compiler.is_compiling() and self._key(self._stand_in)[3:] != prepared[0][3:]:
             self._prepared = self._stand_in = None
             raise ValueError("embed: the table-only preparation is stale (the weights changed since "
                              "prepare_inference); call prepare_inference(embed, table_only=True) again")

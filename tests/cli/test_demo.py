@@ -42,16 +42,18 @@ def test_demo_smoke_trains_evaluates_and_caches(tmp_path, monkeypatch):
     assert h["dcoco"] == ("DCOCO joint greedy" if demo.HEADLINE == "joint" else demo.FROZEN)
     for ratio, ci in (("frozen_over_dflash", "frozen_ci"), ("joint_over_dflash", "joint_ci"),
                       ("joint_over_frozen", "joint_over_frozen_ci"), ("joint_over_online", "joint_over_online_ci"),
-                      ("joint_over_dflash_continued", "joint_over_dflash_continued_ci"), ("anchor_over_dflash", "anchor_ci"),
-                      ("anchor_over_dflash2", "anchor_over_dflash2_ci"), ("anchor_over_frozen", "anchor_over_frozen_ci"),
+                      ("joint_over_dflash_continued", "joint_over_dflash_continued_ci"),
+                      ("anchor_over_dflash", "anchor_ci"),
+                      ("anchor_over_dflash2", "anchor_over_dflash2_ci"),
+                      ("anchor_over_frozen", "anchor_over_frozen_ci"),
                       ("dcoco_over_domino", "dcoco_over_domino_ci"), ("dcoco_over_dspark", "dcoco_over_dspark_ci"),
                       ("anchor_over_best_baseline", "anchor_over_best_baseline_ci")):
         assert h[f"tau_ratio_{ci}"][0] <= h[f"tau_ratio_{ratio}"] <= h[f"tau_ratio_{ci}"][1]
     assert h["tau_dcoco_anchor"] >= 1 and demo.ANCHOR in res["costs"] and demo.ANCHOR in h["headroom_captured_walk"]
-    assert demo._load_frozen(work / "anchor").anchor_transition  # the stage reloads as what it was trained as
+    assert demo.load_frozen(work / "anchor").anchor_transition  # the stage reloads as what it was trained as
     assert h["tau_domino"] >= 1 and h["tau_dspark"] >= 1 and {demo.DOMINO, demo.DSPARK} <= set(res["costs"])
-    assert type(demo._load_frozen(work / "domino")).__name__ == "DominoHead"
-    assert type(demo._load_frozen(work / "dspark")).__name__ == "DSparkHead"
+    assert type(demo.load_frozen(work / "domino")).__name__ == "DominoHead"
+    assert type(demo.load_frozen(work / "dspark")).__name__ == "DSparkHead"
     assert set(res["co_adaptation"]) == {"frozen drafter (dflash-long)", "joint drafter (dcoco-drafter)",
                                          "online control's drafter (online)"}
     assert all(len(r["top1_per_slot"]) == demo.BLOCK - 1 for r in res["co_adaptation"].values())

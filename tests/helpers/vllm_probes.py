@@ -62,7 +62,8 @@ def state(worker) -> dict:
     op = m.corrector_op
     return {"name": type(m).__name__, "corrector": True, "prepared": m.corrector.prepared,
             "embed_rows": None if op.embed is None else op.embed.shape[0],
-            "table_rows": m.corrector._prepared[1].shape[0] if m.corrector.prepared else None, "method": op._forward_method.__name__,
+            "table_rows": m.corrector._prepared[1].shape[0] if m.corrector.prepared else None,
+            "method": op._forward_method.__name__,
             "point_mass": m.point_mass, "walks": m.walks, "weight": float(m.corrector.mlp[2].weight.abs().sum()),
             "anchor": m.corrector.anchor_transition}
 
@@ -119,7 +120,7 @@ def memory(worker) -> dict:
     shard = m.model.embed_tokens.weight
     own = op.embed is not None and op.embed.untyped_storage().data_ptr() != shard.untyped_storage().data_ptr()
     _, table, weights = c._prepared
-    nbytes = lambda ts: sum(t.untyped_storage().nbytes() for t in ts)  # noqa: E731
+    nbytes = lambda ts: sum(t.untyped_storage().nbytes() for t in ts)
     held = [c._stand_in] if c._stand_in is not None else []
     return {"embed": nbytes([op.embed]) if own else 0, "stand_in": nbytes(held), "table": nbytes([table]),
             "weights": nbytes(weights), "module": nbytes(c.parameters()), "vocab": table.shape[0],

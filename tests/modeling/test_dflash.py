@@ -134,7 +134,8 @@ def test_save_load_round_trip(setup, tmp_path):
 
 
 def test_config_reads_like_transformers_qwen3(tmp_path):
-    transformers = pytest.importorskip("transformers", reason="reading config.json back needs transformers (the demo or train extra)")
+    transformers = pytest.importorskip("transformers",
+                                       reason="reading config.json back needs transformers (the demo or train extra)")
     DFlashDrafter(tiny_config()).save_pretrained(tmp_path)
     hf = transformers.AutoConfig.from_pretrained(tmp_path)   # what vLLM parses the draft config with
     assert hf.model_type == "qwen3" and hf.head_dim == 16 and hf.num_key_value_heads == 2

@@ -43,7 +43,7 @@ def grad_runner(tmp_path_factory):
     return build(tmp_path_factory, "run_grad")
 
 
-raw = lambda t: t.contiguous().view(torch.uint8).numpy().tofile  # noqa: E731
+raw = lambda t: t.contiguous().view(torch.uint8).numpy().tofile
 
 
 def write_inputs(folder: Path, case, ids, *meta) -> None:

@@ -2,8 +2,8 @@
 and descriptor layouts), each policy run by tests/emulate/unit_<arch>.cpp through the real mainloop in one emulated
 block against a float64 product of its 16-bit planes, plus negative checks (a wrong smem layout or swizzle must give
 a wrong product; a missing fence must be reported). The whole fused kernel with these policies is
-tests/ops/test_cuda_emulated.py::test_tensor_core_paths_match_reference. Needs g++ (C++20), the CUDA toolkit's headers and
-the nvidia-cutlass wheel's CuTe headers."""
+tests/ops/test_cuda_emulated.py::test_tensor_core_paths_match_reference. Needs g++ (C++20), the CUDA toolkit's
+headers and the nvidia-cutlass wheel's CuTe headers."""
 
 import subprocess
 

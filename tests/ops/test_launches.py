@@ -13,7 +13,8 @@ from dcoco.ops.select import select
 B, K, V = 15, 16, 4096
 FORWARD_MAX = 40  # Corrector.forward with the prepared table
 PATH_RULE_MAX = 60  # the grid and a path rule (hook.tokens: score, select, the tokens)
-HOOK_MAX = 46  # the whole compute_logits hook: top-K with rank 0 = the argmax (4 ops over the top-K), the corrector, the hand-back
+# the whole compute_logits hook: top-K with rank 0 = the argmax (4 ops over the top-K), the corrector, the hand-back
+HOOK_MAX = 46
 ANCHOR_HOOK_MAX = 50  # the same with an anchor-aware corrector: the anchor joined to its block, slot 0's K copies
 TRAIN_CHUNK_MAX = 120  # score + backward, one chunk of requests
 ANCHOR_SLOT = 2  # the anchor transition's slot 0 (docs/spec.md): one cat of the ids, one pad of the logits

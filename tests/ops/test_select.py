@@ -115,7 +115,8 @@ def test_first_logits_in_low_precision():
     g = torch.Generator().manual_seed(7)
     scores, first = torch.randn(4, 5, 8, 8, generator=g), torch.randn(4, 8, generator=g)
     for dt in (torch.bfloat16, torch.float16):
-        assert torch.equal(dcoco.select(scores, first.to(dt), "global"), dcoco.select(scores, first.to(dt).float(), "global"))
+        assert torch.equal(dcoco.select(scores, first.to(dt), "global"),
+                           dcoco.select(scores, first.to(dt).float(), "global"))
 
 
 @pytest.mark.skipif(not dcoco.cuda_available(), reason="needs a CUDA device; none on this machine")

@@ -20,11 +20,11 @@ import pytest
 pytest.importorskip("httpx", reason="dcoco bench needs httpx (pip install httpx)")
 pytest.importorskip("matplotlib", reason="dcoco bench plots with matplotlib")
 
-from dcoco.serve import serve_bench as sb  # noqa: E402
-from dcoco.cli import main  # noqa: E402
-from dcoco.errors import ExternalError  # noqa: E402
-from dcoco.suites import ALL, default_suites, load, subset  # noqa: E402
-from helpers.stub_server import Stub  # noqa: E402
+from dcoco.serve import serve_bench as sb
+from dcoco.cli import main
+from dcoco.errors import ExternalError
+from dcoco.suites import ALL, default_suites, load, subset
+from helpers.stub_server import Stub
 
 
 @pytest.fixture

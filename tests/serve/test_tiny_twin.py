@@ -19,13 +19,13 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 pytest.importorskip("vllm", reason="vLLM is not installed (bash scripts/setup_vllm.sh)")
 pytest.importorskip("httpx", reason="dcoco data generate needs httpx")
 
-from helpers.tiny_vllm import N, SUITES, V, make_target, make_tokenizer  # noqa: E402
+from helpers.tiny_vllm import N, SUITES, V, make_target, make_tokenizer
 
-from dcoco.modeling import checkpoint  # noqa: E402
-from dcoco.train import datagen  # noqa: E402
-from dcoco.cli import main  # noqa: E402
-from dcoco.testing.vllm_server import VLLMServer  # noqa: E402
-from helpers import ROOT  # noqa: E402
+from dcoco.modeling import checkpoint
+from dcoco.train import datagen
+from dcoco.cli import main
+from dcoco.testing.vllm_server import VLLMServer
+from helpers import ROOT
 
 RECIPE = ROOT / "recipes" / "tiny-twin.toml"
 WORDS = "rain snow sun code list prime sum tree river cloud poem story".split()

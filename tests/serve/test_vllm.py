@@ -17,14 +17,14 @@ os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 vllm = pytest.importorskip("vllm", reason="vLLM is not installed (bash scripts/setup_vllm.sh)")
 
-import torch  # noqa: E402
+import torch
 
-import dcoco  # noqa: E402
-from dcoco.modeling import checkpoint  # noqa: E402
-from dcoco.serve import vllm_plugin  # noqa: E402
+import dcoco
+from dcoco.modeling import checkpoint
+from dcoco.serve import vllm_plugin
 
-from helpers import vllm_probes as probes  # noqa: E402
-from helpers.tiny_vllm import N, PROMPTS, V, close, generate, make_drafter, make_target, spec_counters  # noqa: E402
+from helpers import vllm_probes as probes
+from helpers.tiny_vllm import N, PROMPTS, V, close, generate, make_drafter, make_target, spec_counters
 
 
 @pytest.fixture(scope="module")
@@ -118,7 +118,7 @@ def test_hook_equals_corrector_forward_inside_a_served_request(models, served):
     corrector and the target's embedding."""
     drafts = served["log"]["drafts"]
     assert all(slots == N for *_, slots in drafts)
-    for _, ids, logits, _, _ in drafts:
+    for _, _ids, logits, _, _ in drafts:
         assert torch.equal(logits, logits.sort(-1, descending=True).values)  # top-K, rank 0 = the argmax
     assert _drafts_are_the_corrector(models, drafts) > 0  # the corrector re-selected some slots
 
@@ -227,7 +227,7 @@ def test_an_anchor_aware_corrector_is_lossless_and_reads_the_anchor(models, anch
     assert log["entries"] == ["compute_logits"] and log["drafts"] and None not in log["anchors"]
     assert _drafts_are_the_corrector(models, log["drafts"], anchors=log["anchors"]) > 0
     slot1_changed, order = 0, [[], []]
-    for (hidden, ids, logits, tokens, slots), a in zip(log["drafts"], log["anchors"]):
+    for (hidden, ids, _logits, tokens, slots), a in zip(log["drafts"], log["anchors"]):
         R = hidden.shape[0] // slots
         slot1_changed += int((tokens.view(R, slots)[:, 0] != ids.view(R, slots, -1)[:, 0, 0]).sum())
         if R == 2:  # both requests running: rows in request order

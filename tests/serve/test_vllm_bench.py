@@ -25,11 +25,11 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 pytest.importorskip("vllm", reason="vLLM is not installed (bash scripts/setup_vllm.sh)")
 pytest.importorskip("httpx", reason="dcoco bench needs httpx")
 
-from helpers.tiny_vllm import N, SUITES, make_drafter, make_target, make_tokenizer  # noqa: E402
+from helpers.tiny_vllm import N, SUITES, make_drafter, make_target, make_tokenizer
 
-from dcoco.serve import serve_bench as sb  # noqa: E402
-from dcoco.cli import main  # noqa: E402
-from dcoco.testing.vllm_server import VLLMServer  # noqa: E402
+from dcoco.serve import serve_bench as sb
+from dcoco.cli import main
+from dcoco.testing.vllm_server import VLLMServer
 
 class Server(VLLMServer):
     """The tiny target served as "tiny", with a drafter (or none); start() again after a kill: the same port."""

@@ -22,14 +22,14 @@ os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 vllm = pytest.importorskip("vllm", reason="vLLM is not installed (bash scripts/setup_vllm.sh)")
 
-import torch  # noqa: E402
-from safetensors.torch import save_file  # noqa: E402
+import torch
+from safetensors.torch import save_file
 
-from dcoco import cli  # noqa: E402
-from dcoco.modeling import checkpoint  # noqa: E402
-from dcoco.modeling.dspark import DSparkHead  # noqa: E402
+from dcoco import cli
+from dcoco.modeling import checkpoint
+from dcoco.modeling.dspark import DSparkHead
 
-from helpers.tiny_vllm import N, V, make_drafter, make_target  # noqa: E402
+from helpers.tiny_vllm import N, V, make_drafter, make_target
 
 RANK, D = 16, 128  # the head's rank; the tiny drafter's hidden size
 

@@ -21,14 +21,14 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 vllm = pytest.importorskip("vllm", reason="vLLM is not installed (bash scripts/setup_vllm.sh)")
 pytest.importorskip("gguf", reason="the embedded SmolLM2 target needs gguf (bash scripts/setup_vllm.sh)")
 
-from dcoco.modeling import checkpoint  # noqa: E402
-from dcoco import cli  # noqa: E402
-from dcoco.cli import demo  # noqa: E402
-from dcoco.target import smollm2  # noqa: E402
-from dcoco.specdec.evaluate import encode  # noqa: E402
-from dcoco.suites import load_suites  # noqa: E402
-from dcoco.testing.vllm_server import VLLMServer  # noqa: E402
-from helpers.tiny_vllm import spec_counters  # noqa: E402
+from dcoco.modeling import checkpoint
+from dcoco import cli
+from dcoco.cli import demo
+from dcoco.target import smollm2
+from dcoco.specdec.evaluate import encode
+from dcoco.suites import load_suites
+from dcoco.testing.vllm_server import VLLMServer
+from helpers.tiny_vllm import spec_counters
 
 
 SHIPPED = Path(__file__).parents[1] / "data" / "smollm2-dcoco"  # a default-size demo drafter (its README)
@@ -113,8 +113,8 @@ def test_vllm_acceptance_equals_offline_spec(setup, served):
     """Train/serve agreement: for the same drafter, prompts and greedy decoding, vLLM's per-position acceptance
     equals the dcoco engine's offline figures (the engine the demo and `dcoco eval` report), up to numerics (vLLM's CPU
     kernels against transformers'; the shipped drafter's bf16 weights run in float32 in both). The offline side
-    is dcoco's simulate, which equals Engine.generate round for round (tests/specdec/test_simulate.py) at a fraction of its
-    time, over the greedy continuations vLLM served (lossless: the target's own)."""
+    is dcoco's simulate, which equals Engine.generate round for round (tests/specdec/test_simulate.py) at a fraction
+    of its time, over the greedy continuations vLLM served (lossless: the target's own)."""
     from dcoco.specdec.simulate import simulate
     from dcoco.specdec.engine import Engine, summarize
 

@@ -16,10 +16,10 @@ os.environ["PYTHONPATH"] = os.pathsep.join([os.path.dirname(os.path.dirname(os.p
                                             os.environ.get("PYTHONPATH", "")])
 vllm = pytest.importorskip("vllm", reason="vLLM is not installed (bash scripts/setup_vllm.sh)")
 
-import torch  # noqa: E402
+import torch
 
-from helpers import vllm_probes as probes  # noqa: E402
-from helpers.tiny_vllm import N, V, close, generate, make_drafter, make_target, spec_counters  # noqa: E402
+from helpers import vllm_probes as probes
+from helpers.tiny_vllm import N, V, close, generate, make_drafter, make_target, spec_counters
 
 
 @pytest.fixture(scope="module")
@@ -48,7 +48,8 @@ def _serve(root, tp: int, drafter: str = "dcoco", **spec) -> dict:
         gathered = llm.collective_rpc(probes.gather_check, args=(37,)) if tp > 1 else None
         return {"states": states, "tokens": tokens, "counters": spec_counters(llm), "memory": memory,
                 "gathered_in_chunks": gathered,
-                "drafts": [[t for *_, t, _ in log["drafts"]] for log in logs], "entries": [log["entries"] for log in logs],
+                "drafts": [[t for *_, t, _ in log["drafts"]] for log in logs],
+                "entries": [log["entries"] for log in logs],
                 "logs": logs}
     finally:
         close(llm)

@@ -13,14 +13,14 @@ import torch
 
 pytest.importorskip("transformers", reason="the engine needs transformers (pip install '.[demo]')")
 
-from scipy import stats  # noqa: E402
+from scipy import stats
 
-from dcoco.corrector import Corrector  # noqa: E402
-from dcoco.modeling.dflash import DFlashDrafter  # noqa: E402
-from dcoco.modeling.domino import DominoHead  # noqa: E402
-from dcoco.modeling.dspark import DSparkHead  # noqa: E402
-from dcoco.specdec.engine import KS, Engine, probs, summarize, target_only  # noqa: E402
-from helpers.tiny_models import BS, PROMPTS, corrector, dflash_cfg, llama  # noqa: E402
+from dcoco.corrector import Corrector
+from dcoco.modeling.dflash import DFlashDrafter
+from dcoco.modeling.domino import DominoHead
+from dcoco.modeling.dspark import DSparkHead
+from dcoco.specdec.engine import KS, Engine, probs, summarize, target_only
+from helpers.tiny_models import BS, PROMPTS, corrector, dflash_cfg, llama
 
 class Scripted(DFlashDrafter):
     """Drafts script(anchor, context_len) -> B ids: the hidden states are chosen so that the target's LM head

@@ -11,15 +11,15 @@ import torch
 pytest.importorskip("transformers", reason="the engine needs transformers (pip install '.[demo]')")
 pytest.importorskip("matplotlib", reason="dcoco eval plots with matplotlib")
 
-from helpers.tiny_models import dflash_cfg, llama  # noqa: E402
+from helpers.tiny_models import dflash_cfg, llama
 
-from dcoco.modeling import checkpoint  # noqa: E402
-from dcoco.cli import main  # noqa: E402
-from dcoco.corrector import Corrector  # noqa: E402
-from dcoco.modeling.dflash import DFlashDrafter  # noqa: E402
-from dcoco.specdec.evaluate import evaluate, table, write  # noqa: E402
-from dcoco.suites import load_suites  # noqa: E402
-from dcoco.specdec.engine import KS, Engine  # noqa: E402
+from dcoco.modeling import checkpoint
+from dcoco.cli import main
+from dcoco.corrector import Corrector
+from dcoco.modeling.dflash import DFlashDrafter
+from dcoco.specdec.evaluate import evaluate, table, write
+from dcoco.suites import load_suites
+from dcoco.specdec.engine import KS, Engine
 
 SUITES = {"a": [[3, 17, 5, 9], [40, 2, 2, 11]], "b": [[7, 7, 1, 33, 60]]}
 

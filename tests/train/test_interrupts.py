@@ -17,9 +17,9 @@ import pytest
 
 pytest.importorskip("transformers", reason="training needs the demo extra (pip install '.[demo]')")
 
-from safetensors.torch import load_file  # noqa: E402
+from safetensors.torch import load_file
 
-from dcoco.testing import tiny  # noqa: E402
+from dcoco.testing import tiny
 
 STEPS = 40
 

@@ -15,14 +15,14 @@ import torch
 
 pytest.importorskip("transformers", reason="training needs the demo extra (pip install '.[demo]')")
 
-from dcoco import cli  # noqa: E402
-from dcoco.cli import train_cmd  # noqa: E402
-from dcoco.target import corpus as corpus_mod  # noqa: E402
-from dcoco.train import recipe  # noqa: E402
-from dcoco.testing import tiny  # noqa: E402
-from dcoco.train.online import TargetFeatures, TokenCorpus  # noqa: E402
-from dcoco.train.training import Schedule, TrainConfig, collate, train  # noqa: E402
-from helpers.torchrun import WRAPPER  # noqa: E402
+from dcoco import cli
+from dcoco.cli import train_cmd
+from dcoco.target import corpus as corpus_mod
+from dcoco.train import recipe
+from dcoco.testing import tiny
+from dcoco.train.online import TargetFeatures, TokenCorpus
+from dcoco.train.training import Schedule, TrainConfig, collate, train
+from helpers.torchrun import WRAPPER
 
 SETTINGS = corpus_mod.CorpusSettings(tiny.TAPS, max_new_tokens=24, gen_batch=4, feat_batch=4)
 

@@ -12,12 +12,12 @@ pytest.importorskip("httpx", reason="dcoco data prompts needs httpx")
 pytest.importorskip("datasketch", reason="near deduplication needs datasketch")
 pytest.importorskip("transformers", reason="the pre-query prompt needs the target's chat template")
 
-from helpers.stub_server import Stub  # noqa: E402
-from transformers import AutoTokenizer  # noqa: E402
+from helpers.stub_server import Stub
+from transformers import AutoTokenizer
 
-from dcoco import cli  # noqa: E402
-from dcoco.train import prompts  # noqa: E402
-from dcoco.testing import tiny  # noqa: E402
+from dcoco import cli
+from dcoco.train import prompts
+from dcoco.testing import tiny
 
 
 @pytest.fixture(scope="module")

@@ -11,8 +11,8 @@ import pytest
 
 pytest.importorskip("transformers", reason="training needs the demo extra (pip install '.[demo]')")
 
-from dcoco import cli  # noqa: E402
-from dcoco.testing import tiny  # noqa: E402
+from dcoco import cli
+from dcoco.testing import tiny
 
 
 @pytest.fixture(scope="module")
@@ -137,7 +137,7 @@ def _holder(out: Path):
 def test_a_second_writer_is_refused_and_a_dead_ones_lock_never_blocks(tiny_dirs, tmp_path):
     out = tmp_path / "run"
     assert _train(tiny_dirs, out, "--mode", "drafter", "--steps", "4", "--stop-at", "2") == 0
-    files = lambda: {f.name: f.read_bytes() for f in out.iterdir() if f.is_file() and f.name != ".lock"}  # noqa: E731
+    files = lambda: {f.name: f.read_bytes() for f in out.iterdir() if f.is_file() and f.name != ".lock"}
     before = files()
     holder = _holder(out)
     try:

@@ -11,11 +11,11 @@ import pytest
 pytest.importorskip("httpx", reason="dcoco data generate needs httpx")
 pytest.importorskip("transformers", reason="prompt ids need the target's tokenizer")
 
-from helpers.stub_server import Stub  # noqa: E402
+from helpers.stub_server import Stub
 
-from dcoco import cli  # noqa: E402
-from dcoco.train import datagen, shards  # noqa: E402
-from dcoco.testing import tiny  # noqa: E402
+from dcoco import cli
+from dcoco.train import datagen, shards
+from dcoco.testing import tiny
 
 PROMPTS = [{"turns": ["the cat"], "source": "a"}, {"turns": ["red sun", "why"], "source": "b"},
            {"turns": ["blue moon"], "source": "a"}, {"turns": ["one two three"], "source": "b"},

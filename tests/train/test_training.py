@@ -14,17 +14,17 @@ import torch
 
 pytest.importorskip("transformers", reason="training needs the demo extra (pip install '.[demo]')")
 
-from safetensors.torch import load_file, save_file  # noqa: E402
+from safetensors.torch import load_file, save_file
 
-from dcoco.modeling import checkpoint  # noqa: E402
-from dcoco import cli  # noqa: E402
-from dcoco.target import corpus as corpus_mod  # noqa: E402
-from dcoco.train import recipe  # noqa: E402
-from dcoco.testing import tiny  # noqa: E402
-from helpers.torchrun import WRAPPER  # noqa: E402
-from dcoco.corrector import Corrector  # noqa: E402
-from dcoco.modeling.dflash import DFlashDrafter  # noqa: E402
-from dcoco.train.training import (Objective, Schedule, TrainConfig, _tau, frequent_tokens,  # noqa: E402
+from dcoco.modeling import checkpoint
+from dcoco import cli
+from dcoco.target import corpus as corpus_mod
+from dcoco.train import recipe
+from dcoco.testing import tiny
+from helpers.torchrun import WRAPPER
+from dcoco.corrector import Corrector
+from dcoco.modeling.dflash import DFlashDrafter
+from dcoco.train.training import (Objective, Schedule, TrainConfig, _tau, frequent_tokens,
                                   sample_anchors, train)
 
 TAPS = tiny.TAPS
@@ -268,7 +268,7 @@ def test_gradient_checkpointing_same_gradients_fewer_saved_activations(target, c
         drafter = DFlashDrafter(drafter_cfg(target))
         drafter.grad_checkpoint = remat
         size = []
-        with torch.autograd.graph.saved_tensors_hooks(lambda t: size.append(t.nbytes) or t, lambda t: t):
+        with torch.autograd.graph.saved_tensors_hooks(lambda t: size.append(t.nbytes) or t, lambda t: t):  # noqa: B023 (called in this iteration)
             loss = Objective(drafter, None, small(mode="drafter"))(batch, embed, head)["loss"]
         loss.backward()
         grads[remat], saved[remat] = [p.grad for p in drafter.parameters()], sum(size)

@@ -34,6 +34,7 @@ import shutil
 import time
 from importlib import resources
 from pathlib import Path
+from typing import Any
 
 import torch
 from safetensors import safe_open
@@ -64,7 +65,7 @@ from ..train.prompts import EVAL_ROWS_RESERVED  # the demo evaluates rows below 
 TRAIN_ROWS = {"gsm8k": 250, "math500": 150, "mbpp": 120, "humaneval": 80, "arena-hard-v2": 120, "mt-bench": 40,
               "livecodebench": 1000}
 CORPUS_FILE = "smollm2-corpus.npz"
-# the drafter's depth and block size; bench/README.md (drafter levers) measures other depths and blocks
+# the drafter's depth and block size; bench/results/levers/README.md measures other depths and blocks
 LAYERS, BLOCK = 3, 8
 # the frozen-drafter correctors (DCOCO's and DFlash2's selector): blocks cached per sequence, blocks per step (the
 # default and full sizes'), the selector's codebook rank
@@ -75,7 +76,7 @@ JOINT_CORR_GRAD, JOINT_LR = 1.0, 3e-4
 HEADLINE = "joint"  # the DCOCO the headline reports: "joint" (co-adapted) or "frozen" (frozen-drafter corrector)
 # the first DFlash stage's loss: over the corpus's 4,096 most frequent response tokens plus each batch's labels, a
 # cheaper step than one over all 49,152 rows, so the stage takes more steps in the same CPU time and its drafter
-# ends stronger (bench/levers.py; the figures are in bench/README.md, drafter levers). The later stages (the DFlash
+# ends stronger (bench/levers.py; the figures are in bench/results/levers/README.md). The later stages (the DFlash
 # baseline's and DCOCO's joint steps) keep the whole head, so both see the same loss.
 LOSS_VOCAB = 4096
 
@@ -132,7 +133,8 @@ def workdir(size: str) -> Path:
 def build_corpus(model, size: Size, progress: bool, taps: tuple[int, ...] = tuple(SMOLLM2_TAPS)) -> corpus.Corpus:
     """The shipped sequences (the first size.sequences) with this machine's features at the target layers taps
     and labels, cached."""
-    seqs = corpus.load_sequences(resources.files("dcoco") / "data" / CORPUS_FILE)[:size.sequences]
+    with resources.as_file(resources.files("dcoco") / "data" / CORPUS_FILE) as shipped:  # the file itself, on disk
+        seqs = corpus.load_sequences(shipped)[:size.sequences]
     settings = corpus.CorpusSettings(tuple(taps), max_new_tokens=128)
     return corpus.build_corpus(model, [p for p, _ in seqs], cache_dir() / "corpus", settings, progress=progress,
                                responses=[r for _, r in seqs])
@@ -163,9 +165,9 @@ def finished(out: Path, want: dict) -> dict | None:
     return None
 
 
-def _stage(out: Path, cfg: TrainConfig, data: corpus.Corpus, embed, head, drafter, corrector=None,
-           progress: bool = True, upstream: dict | None = None,
-           corrector_from: dict | None = None) -> tuple[DFlashDrafter, Corrector | None, dict]:
+def train_stage(out: Path, cfg: TrainConfig, data: corpus.Corpus, embed, head, drafter, corrector=None,
+                progress: bool = True, upstream: dict | None = None,
+                corrector_from: dict | None = None) -> tuple[DFlashDrafter, Corrector | None, dict]:
     """Train once: a stage finished with this recipe (done.json) is loaded, an interrupted one resumed."""
     want = recipe(cfg, upstream, corrector_from)
     info = finished(out, want)
@@ -198,9 +200,9 @@ def train_all(size: Size, work: Path, data: corpus.Corpus, model, tok, device: s
     embed, head = model.get_input_embeddings().weight.detach(), model.get_output_embeddings().weight.detach()
     for name, weight in (("dcoco-drafter", JOINT_CORR_GRAD), ("online", 0.0)):
         cfg = stage_config("joint", size.joint_steps, device, anchors=size.anchors, corr_grad=weight, lr=JOINT_LR)
-        out[name] = _stage(work / name, cfg, data, embed, head, copy.deepcopy(base[0]),
-                           copy.deepcopy(out["corrector"][1]), progress=progress, upstream=base[2]["recipe"],
-                           corrector_from=out["corrector"][2]["recipe"])
+        out[name] = train_stage(work / name, cfg, data, embed, head, copy.deepcopy(base[0]),
+                                copy.deepcopy(out["corrector"][1]), progress=progress, upstream=base[2]["recipe"],
+                                corrector_from=out["corrector"][2]["recipe"])
     return out
 
 
@@ -215,11 +217,13 @@ def baseline_stages(size: Size, work: Path, data: corpus.Corpus, model, tok, dev
     head = model.get_output_embeddings().weight.detach()
     dcfg = drafter_config(model, tok, LAYERS, SMOLLM2_TAPS, BLOCK, smollm2.MASK_TOKEN_ID)
     first = stage_config("drafter", size.steps, device, anchors=size.anchors, loss_vocab=LOSS_VOCAB)
-    out = {"dflash": _stage(work / "dflash", first, data, embed, head, dcfg, progress=progress)}
+    out = {"dflash": train_stage(work / "dflash", first, data, embed, head, dcfg, progress=progress)}
     long = stage_config("drafter", size.long_steps, device, anchors=size.anchors)
-    out["dflash-long"] = _stage(work / "dflash-long", long, data, embed, head, copy.deepcopy(out["dflash"][0]),
-                                progress=progress, upstream=out["dflash"][2]["recipe"])
-    base, caches = out["dflash-long"], {}
+    out["dflash-long"] = train_stage(work / "dflash-long", long, data, embed, head,
+                                     copy.deepcopy(out["dflash"][0]), progress=progress,
+                                     upstream=out["dflash"][2]["recipe"])
+    base = out["dflash-long"]
+    caches: dict[str, tuple[dict[str, torch.Tensor], float]] = {}
     for name, make in (("corrector", lambda: Corrector(base[0].config.hidden_size)),
                        ("anchor", lambda: Corrector(base[0].config.hidden_size, anchor_transition=True)),
                        ("dflash2", lambda: CandidateSelector(base[0].config.hidden_size, base[0].config.vocab_size,
@@ -245,7 +249,7 @@ def frozen_stage(out: Path, make, steps: int, base: tuple, data: corpus.Corpus, 
             **({"anchors": anchors, "batch": batch} if (anchors, batch) != (FROZEN_ANCHORS, FROZEN_BATCH) else {})}
     info = finished(out, want)
     if info is not None:
-        return drafter, _load_frozen(out), info
+        return drafter, load_frozen(out), info
     key = _key({"from": want["from"], "anchors": anchors} if anchors != FROZEN_ANCHORS else want["from"])
     if key not in caches:
         t = time.monotonic()
@@ -266,10 +270,11 @@ def frozen_stage(out: Path, make, steps: int, base: tuple, data: corpus.Corpus, 
     return drafter, m, info
 
 
-def _load_frozen(path: Path) -> frozen.Model:
+def load_frozen(path: Path) -> frozen.Model:
     with safe_open(str(path / "model.safetensors"), "pt") as f:  # one read: the tensors and the stage's flag
         sd = {k: f.get_tensor(k) for k in f.keys()}
         anchor = (f.metadata() or {}).get("anchor_transition") == "true"
+    m: frozen.Model
     if "gru.weight_hh_l0" in sd:
         G, (mid, dg) = sd["gru.weight_hh_l0"].shape[1], sd["mix.weight"].shape
         m = DominoHead(dg - G, sd["gru.weight_ih_l0"].shape[1], sd["out.weight"].shape[0], G, mid)
@@ -316,7 +321,7 @@ def evaluate_all(model, engines: dict[str, Engine], prompts: dict[str, list], ma
     {"methods": {name: {"overall", "suites"}}, "lossless": bool, "mismatches": [...]}; rows are spec.summarize
     dicts."""
     per, mismatches = decode_all(model, engines, prompts, max_new_tokens, progress=progress)
-    out = {"methods": {}, "lossless": not mismatches, "mismatches": mismatches}
+    out: dict[str, Any] = {"methods": {}, "lossless": not mismatches, "mismatches": mismatches}
     for m, suites in per.items():
         out["methods"][m] = {"overall": summarize([r for rs in suites.values() for r in rs]),
                              "suites": {s: summarize(rs) for s, rs in suites.items()}}
@@ -376,6 +381,7 @@ def run(size: str = "default", device: str = "cpu", out: str | Path | None = Non
                                                                   DSPARK)},  # overall only
            "seconds": time.monotonic() - t1}
     ev = evaluate_all(model, engines, {n: p[:s.rows] for n, p in prompts.items()}, s.max_new_tokens, progress)
+    res: dict[str, Any]  # the JSON written below
     res = {"size": size, "config": {**dataclasses.asdict(s), "layers": LAYERS, "block_size": BLOCK,
                                     "target_layers": SMOLLM2_TAPS, "device": device,
                                     "corpus_sequences": len(data), "corpus_response_tokens":

@@ -131,6 +131,7 @@ def run(argv: list[str], args: argparse.Namespace) -> int:
     needs --resume or --overwrite."""
     from ..train import recipe
 
+    stages: list[dict]
     stages, given = [{}], _given_out(argv)  # a ValueError here or below: main's one line, "dcoco train: ..."
     if args.config:
         args, stages = recipe_options(args.config, argv[argv.index("train") + 1:])
@@ -169,6 +170,7 @@ def _stage_runs(args: argparse.Namespace, stages: list[dict], given_out: bool) -
     last part of it (default stage-<i>-<mode>). Two stages in one folder are an error."""
     from pathlib import Path
 
+    seen: dict[Path, int]  # each stage's folder: the first stage writing there
     runs, seen, prev = [], {}, None
     for i, st in enumerate(stages):
         a = argparse.Namespace(**{**vars(args), **st})
@@ -204,7 +206,7 @@ def _stage_state(cfg, overwrite: bool) -> str:
         return "done"
     saved = saved_progress(cfg.out) if "train_state.pt" in held else None
     diff = run_differences(cfg.out, cfg) if saved else ["no saved state"]
-    if not diff:
+    if saved and not diff:  # (diff is empty only with a saved state)
         return "done" if saved[0] >= saved[1] else "resume"
     if overwrite:
         return "fresh"

@@ -14,6 +14,7 @@ import json
 import math
 from collections.abc import Collection, Sequence
 from pathlib import Path
+from typing import Any, Protocol
 
 import torch
 import torch.nn.functional as F
@@ -30,6 +31,11 @@ __all__ = ["ARCHITECTURE", "DFlashConfig", "DFlashDrafter", "block_mask", "build
            "dflash_loss", "read_config", "read_tensors"]
 
 EmbedOrHead = nn.Module | torch.Tensor  # a module, or its (V,d) weight
+
+
+class _CausalLM(Protocol):
+    """A transformers causal LM, as far as init_from_target reads it (transformers types the decoder as Any)."""
+    def get_decoder(self) -> Any: ...
 
 
 class DFlashDrafter(nn.Module):
@@ -53,7 +59,7 @@ class DFlashDrafter(nn.Module):
                 nn.init.normal_(m.weight, std=0.02)  # Qwen3's initializer_range
 
     @torch.no_grad()
-    def init_from_target(self, target: nn.Module, layer_ids: Sequence[int] | None = None) -> list[str]:
+    def init_from_target(self, target: _CausalLM, layer_ids: Sequence[int] | None = None) -> list[str]:
         """Copy decoder layers of a transformers target (Llama / Qwen-style names, the shapes this drafter was
         configured with) into this drafter's layers, and its final norm; layer_ids default to the target's last
         num_hidden_layers. Tensors the target lacks (Qwen3's q/k norms on a Llama target) and fc / hidden_norm
@@ -172,6 +178,7 @@ class DFlashDrafter(nn.Module):
     def _rope_tables(self, pos: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
         """cos/sin (N,1,L,hd) for positions (N,L), computed in float32 then cast like Qwen3 does."""
         hd = self.config.head_dim
+        assert hd is not None  # DFlashConfig.__post_init__ fills it in
         inv_freq = 1.0 / self.config.rope_theta ** (torch.arange(0, hd, 2, device=pos.device).float() / hd)
         ang = pos[..., None].float() * inv_freq
         ang = torch.cat([ang, ang], -1)[:, None]

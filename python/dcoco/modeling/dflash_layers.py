@@ -30,6 +30,7 @@ def _rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor
 class Attention(nn.Module):
     def __init__(self, c: DFlashConfig):
         super().__init__()
+        assert c.head_dim is not None  # DFlashConfig.__post_init__ fills it in
         self.heads, self.kv_heads, self.hd = c.num_attention_heads, c.num_key_value_heads, c.head_dim
         self.q_proj = nn.Linear(c.hidden_size, self.heads * self.hd, bias=False)
         self.k_proj = nn.Linear(c.hidden_size, self.kv_heads * self.hd, bias=False)

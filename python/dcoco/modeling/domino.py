@@ -112,7 +112,7 @@ class DominoHead(nn.Module):
         return (ce * w.reshape(-1)).sum() / w.sum().clamp_min(1e-12)
 
 
-def curriculum(step: int, total: int) -> float:
+def curriculum(step: float, total: float) -> float:
     """The base-anchored curriculum's lam at a step: 1 at the start, linearly to 0 at the end."""
     return max(0.0, 1.0 - step / total) if total > 0 else 0.0
 

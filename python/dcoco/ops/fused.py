@@ -155,7 +155,7 @@ def _run_grad(hidden, cand_ids, cand_logits, embed, weights, sizes, dt, scores=N
     args = (list(sizes), *inputs, [w.data_ptr() for w in ws], _ptr(grad), _ptr(scores), _ptr(outs[0]), _ptr(outs[1]),
             [o.data_ptr() for o in outs[2:]], dt == torch.float64)
     dev = hidden.device
-    workspace = lambda: {"workspace": torch.empty(_C.cuda_grad_workspace_size(list(sizes)), dtype=torch.float32,  # noqa: E731
+    workspace = lambda: {"workspace": torch.empty(_C.cuda_grad_workspace_size(list(sizes)), dtype=torch.float32,
                                                   device=dev)}
     _launch("score_backward", _C.score_grad, dev, *args, workspace=workspace)
 

@@ -88,8 +88,8 @@ def rows(correct, slots: int):
     values (R*N, K) -> tokens (R*N,), N = slots. An anchor-aware correct also takes anchor_hidden (R, d) and
     anchor_ids (R,), the block's first position (see blocks()), and is called as correct(hidden, ids, values,
     anchor_ids) on the (R,N+1,d) blocks; without them the call is the paper's, unchanged."""
-    def by_rows(hidden: torch.Tensor, ids: torch.Tensor, values: torch.Tensor, anchor_hidden: torch.Tensor | None = None,
-                anchor_ids: torch.Tensor | None = None) -> torch.Tensor:
+    def by_rows(hidden: torch.Tensor, ids: torch.Tensor, values: torch.Tensor,
+                anchor_hidden: torch.Tensor | None = None, anchor_ids: torch.Tensor | None = None) -> torch.Tensor:
         if (anchor_hidden is None) != (anchor_ids is None):
             raise ValueError("anchor_hidden, anchor_ids: pass both (an anchor-aware corrector) or neither")
         R, K = hidden.shape[0] // slots, ids.shape[-1]

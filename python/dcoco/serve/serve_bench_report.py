@@ -49,7 +49,9 @@ def _what(c: int) -> str:
 
 def _avg(xs: Sequence[float | None]) -> float | None:
     """Unweighted mean over the suites, as the paper's Average row; None when a suite has no figure."""
-    return None if not xs or any(x is None for x in xs) else statistics.fmean(xs)
+    if not xs or any(x is None for x in xs):
+        return None
+    return statistics.fmean(x for x in xs if x is not None)
 
 
 def _domain_rows(suites: Sequence[str]) -> list[tuple[str, str, str]]:
@@ -159,7 +161,7 @@ def load_run(path: str | Path) -> dict:
         raise ValueError(f"RUN: {path} is neither a run folder of `dcoco bench` nor its run.json")
     try:
         res = json.loads(p.read_text())
-        res["config"], res["summary"]["rows"]  # noqa: B018 (the fields every table reads)
+        res["config"], res["summary"]["rows"]
     except (json.JSONDecodeError, KeyError, TypeError):
         raise ValueError(f"RUN: {p} is not a run.json written by `dcoco bench`") from None
     return res
@@ -263,7 +265,7 @@ def write_compare(j: dict, out: str | Path) -> list[Path]:
     fig, axs = plt.subplots(1, len(modes), figsize=(max(6, 1.4 * len(suites)) * len(modes), 4), squeeze=False)
     for ax, m in zip(axs[0], modes):
         def sp(lb, s):
-            x, b = (cells[k].get((s, m, c), {}).get("tps") for k in (lb, base))
+            x, b = (cells[k].get((s, m, c), {}).get("tps") for k in (lb, base))  # noqa: B023 (called in this iteration)
             return x / b if x is not None and b else None
         _bars(ax, suites, {lb: [sp(lb, s) for s in suites] for lb in others}, f"speedup over {base}",
               f"{_t(m, temp)}, concurrency {c}")

@@ -58,6 +58,7 @@ logger = init_logger(__name__)
 
 OP_NAME = "dcoco_corrector"
 GATHER_ROWS = 4096  # embedding rows per shard per all-gather under TP (32 MB per rank at d = 4096, bf16)
+PATCH_MARK = "dcoco"  # the attribute marking a vLLM method as this plugin's wrapper (installed once)
 HOOK = "dcoco_hook"  # profiler region: everything the plugin adds to a draft call (top-K, corrector, write)
 
 
@@ -118,14 +119,14 @@ def _follow_reloads() -> None:
     from vllm.v1.worker import gpu_worker
 
     reload = gpu_worker.Worker.reload_weights
-    if getattr(reload, "dcoco", False):
+    if getattr(reload, PATCH_MARK, False):
         return
 
     def reload_weights(worker, *args, **kwargs):
         reload(worker, *args, **kwargs)
         for model in list(_LIVE):
             model.refresh()
-    reload_weights.dcoco = True
+    setattr(reload_weights, PATCH_MARK, True)
     gpu_worker.Worker.reload_weights = reload_weights
 
 
@@ -138,7 +139,7 @@ def _follow_sampling() -> None:
     from vllm.v1.spec_decode.llm_base_proposer import SpecDecodeBaseProposer
 
     draw = SpecDecodeBaseProposer._sample_draft_tokens
-    if getattr(draw, "dcoco", False):
+    if getattr(draw, PATCH_MARK, False):
         return
 
     def _sample_draft_tokens(proposer, hidden_states, sampling_metadata, *args, **kwargs):
@@ -149,7 +150,7 @@ def _follow_sampling() -> None:
             return draw(proposer, hidden_states, sampling_metadata, *args, **kwargs)
         return model.sample_draft(hidden_states, sampling_metadata.temperature,
                     lambda logits: proposer._sample_from_logits(logits, sampling_metadata))
-    _sample_draft_tokens.dcoco = True
+    setattr(_sample_draft_tokens, PATCH_MARK, True)
     SpecDecodeBaseProposer._sample_draft_tokens = _sample_draft_tokens
 
 
@@ -207,6 +208,11 @@ class DFlashDCOCOForCausalLM(DFlashQwen3ForCausalLM):
                     "drafted slots, custom op %s runs %s", dc["num_candidates"], dc["width"], dc["mlp_hidden"],
                     dc["selection"], dc["anchor_transition"],
                     self.num_slots, OP_NAME, self.corrector_op._forward_method.__name__)
+
+    @property
+    def _corrector_on(self) -> Corrector:  # on the paths past the None checks of prepare, refresh and _slots
+        assert self.corrector is not None, "dcoco: a corrector path ran with the corrector off"
+        return self.corrector
 
     def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]):
         mine: dict[str, torch.Tensor] = {}
@@ -286,7 +292,7 @@ class DFlashDCOCOForCausalLM(DFlashQwen3ForCausalLM):
         keeps the shared embedding, a view; under TP only the table, and the gathered copy is freed on return."""
         embed = self._full_embedding(emb)
         gathered = emb.tp_size > 1
-        self.corrector.prepare_inference(embed, table_only=gathered)
+        self._corrector_on.prepare_inference(embed, table_only=gathered)
         self.corrector_op.embed = None if gathered else embed
         self._ready = True
 
@@ -355,7 +361,7 @@ class DFlashDCOCOForCausalLM(DFlashQwen3ForCausalLM):
         DFlash drafts rather than pair drafted rows with another pass's anchors."""
         anchors, self._anchors = self._anchors, None
         slots = self._slots(rows)
-        if slots is None or not self.corrector.anchor_transition:
+        if slots is None or not self._corrector_on.anchor_transition:
             return None if slots is None else (slots, ())
         R, Q = rows // slots, slots + 1
         if anchors is None or anchors[0].shape[0] < R * Q:
@@ -380,7 +386,7 @@ class DFlashDCOCOForCausalLM(DFlashQwen3ForCausalLM):
         slots, anchor = block
         with torch.profiler.record_function(HOOK):
             return hook.on_logits(lambda h, i, v: self.correct(h, i, v, slots, anchor), hidden_states, logits,
-                                  self.corrector.num_candidates, self.point_mass)
+                                  self._corrector_on.num_candidates, self.point_mass)
 
     def sample_draft(self, hidden_states: torch.Tensor, temperature: torch.Tensor, plain):
         """V1's probabilistic draft (see _follow_sampling): tokens (rows,) drawn by the corrector's sampled walk at
@@ -394,7 +400,7 @@ class DFlashDCOCOForCausalLM(DFlashQwen3ForCausalLM):
         slots, anchor = block
         anchor_hidden, anchor_ids = anchor or (None, None)
         with torch.profiler.record_function(HOOK):
-            ids, values = hook.candidates(logits, self.corrector.num_candidates)
+            ids, values = hook.candidates(logits, self._corrector_on.num_candidates)
             R, K = ids.shape[0] // slots, ids.shape[1]
             t = torch.where(temperature < 1e-5, 0.0, temperature.float())
             with torch.profiler.record_function(OP_NAME):
@@ -407,7 +413,7 @@ class DFlashDCOCOForCausalLM(DFlashQwen3ForCausalLM):
         if block is None:
             return super().get_top_tokens(hidden_states)
         with torch.profiler.record_function(HOOK):  # includes the LM head here: vLLM's reduction runs it
-            ids, values = self._top_k(hidden_states, min(self.corrector.num_candidates,
+            ids, values = self._top_k(hidden_states, min(self._corrector_on.num_candidates,
                                                         self.model.embed_tokens.org_vocab_size))
             return self.correct(hidden_states, ids, values, *block)
 

@@ -16,9 +16,9 @@ import inspect
 import math
 import time
 from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any, cast
 
 import torch
-from torch import nn
 
 from ..ops import fused
 from ..corrector import Corrector
@@ -27,6 +27,9 @@ from ..ops.select import sample, select
 from ..modeling.domino import DominoHead
 from ..modeling.dspark import DSparkHead
 from ..modeling.selector import CandidateSelector
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedModel
 
 KS = (1, 2, 4, 8, 16)  # coverage is reported for the drafter's top-k at these k
 # the baselines that draft slot by slot, greedily, each slot's pick known before the next is scored: DFlash2's
@@ -100,7 +103,7 @@ def _sample(p: torch.Tensor, generator: torch.Generator | None) -> int:
     return int(torch.multinomial(p.cpu(), 1, generator=generator))
 
 
-def _forward(target: nn.Module, ids: list[int], cache, hidden: bool = False):
+def _forward(target: PreTrainedModel, ids: list[int], cache, hidden: bool = False):
     """One target pass over ids (batch 1) appended to cache. Recent transformers 5 releases (5.24 here) name the
     argument cache; earlier ones past_key_values (deprecated since, with a warning)."""
     kw = "cache" if "cache" in inspect.signature(target.forward).parameters else "past_key_values"
@@ -108,7 +111,7 @@ def _forward(target: nn.Module, ids: list[int], cache, hidden: bool = False):
                   **{kw: cache})
 
 
-def _eos_set(target: nn.Module, eos_token_id) -> set[int]:
+def _eos_set(target: PreTrainedModel, eos_token_id) -> set[int]:
     eos = target.config.eos_token_id if eos_token_id == "auto" else eos_token_id
     return set() if eos is None else {eos} if isinstance(eos, int) else set(eos)
 
@@ -122,7 +125,7 @@ def _next_token(logits: torch.Tensor, temperature: float, top_p: float, top_k: i
 
 
 @torch.no_grad()
-def target_only(target: nn.Module, prompt_ids: list[int], max_new_tokens: int, temperature: float = 0.0,
+def target_only(target: PreTrainedModel, prompt_ids: list[int], max_new_tokens: int, temperature: float = 0.0,
                 top_p: float = 1.0, top_k: int = 0, generator: torch.Generator | None = None,
                 eos_token_id="auto") -> Result:
     """Baseline: plain autoregressive decoding with the target's KV cache (one target pass per token).
@@ -157,7 +160,8 @@ class Engine:
     (slot 1: softmax(l_1 / T); without a corrector every slot's own softmax(l / T)), and verifies that sparse
     proposal (accept with min(1, p/q), else sample max(p - q, 0) renormalised). Corrector rule "greedy" only."""
 
-    def __init__(self, target: nn.Module, drafter: DFlashDrafter, corrector: Corrector | None = None,
+    def __init__(self, target: PreTrainedModel, drafter: DFlashDrafter,
+                 corrector: Corrector | CandidateSelector | DominoHead | DSparkHead | None = None,
                  rule: str = "greedy", lam: float = 0.75, num_candidates: int = 16, eos_token_id="auto",
                  draft_sample_method: str = "greedy"):
         if not isinstance(drafter, DFlashDrafter):
@@ -165,7 +169,7 @@ class Engine:
         if corrector is not None and not isinstance(corrector, (Corrector, *SEQUENTIAL)):
             raise TypeError(f"corrector: expected a dcoco.Corrector, a CandidateSelector, a DominoHead, a DSparkHead "
                             f"or None, got {type(corrector).__name__}")
-        self.embed = target.get_input_embeddings().weight.detach()
+        self.embed = cast(torch.Tensor, target.get_input_embeddings().weight).detach()
         self.head = target.get_output_embeddings().weight.detach()
         V = self.head.shape[0]
         if drafter.config.vocab_size != V or self.embed.shape[0] != V:
@@ -239,15 +243,17 @@ class Engine:
     def _hidden(self, hc: torch.Tensor, n: int, anchor_ids: torch.Tensor) -> tuple[torch.Tensor, dict]:
         """What the corrector reads of the whole block hc (R,B+1,d) for its first n slots: (hidden, its keyword
         arguments), the anchor's position and ids included when it is anchor-aware."""
+        assert isinstance(self.corrector, Corrector)  # the callers' paths run with a dcoco.Corrector only
         if self.corrector.anchor_transition:
             return hc[:, :n + 1], {"anchor_ids": anchor_ids}
         return hc[:, 1:n + 1], {}
 
     def _walk_inputs(self, hc: torch.Tensor, ids: torch.Tensor, vals: torch.Tensor,
                      anchor_ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """The corrector's (first (R,K), grid (R,n-1,K,K)) over the first n = ids.shape[1] slots (Corrector.walk_inputs);
-        hc (R,B+1,d): the whole block, the anchor's position first."""
+        """The corrector's (first (R,K), grid (R,n-1,K,K)) over the first n = ids.shape[1] slots
+        (Corrector.walk_inputs); hc (R,B+1,d): the whole block, the anchor's position first."""
         h, kw = self._hidden(hc, ids.shape[1], anchor_ids)
+        assert isinstance(self.corrector, Corrector)  # checked in _hidden
         return self.corrector.walk_inputs(self.corrector.score(h, ids, vals, self.embed, **kw), vals)
 
     def sample_walk(self, ids: torch.Tensor, vals: torch.Tensor, hc: torch.Tensor, n: int, temperature: float,
@@ -410,6 +416,7 @@ def summarize(results: Sequence[Result]) -> dict:
     seconds = sum(r.seconds for r in results)
     rounds = sum(r.rounds for r in results)
     spec = [r for r in results if r.rounds]
+    out: dict[str, Any]
     out = {"tokens": tokens, "rounds": rounds, "seconds": seconds,
            "tokens_per_s": tokens / seconds if seconds > 0 else None,
            "tau": sum(sum(r.committed) for r in results) / rounds if rounds else None}
@@ -417,7 +424,9 @@ def summarize(results: Sequence[Result]) -> dict:
         B = spec[0].cover_seen.shape[0]
         acc = torch.tensor([a for r in spec for a in r.accepted])
         counts = [int((acc > i).sum()) for i in range(B)]
-        hits, seen = sum(r.cover_hits for r in spec), sum(r.cover_seen for r in spec)
+        # spec is non-empty: the sums are tensors, not sum()'s start 0
+        hits = cast(torch.Tensor, sum(r.cover_hits for r in spec))
+        seen = cast(torch.Tensor, sum(r.cover_seen for r in spec))
         out["accept_counts"] = counts
         out["accept_rate"] = [c / rounds for c in counts]
         out["coverage_seen"] = seen.tolist()
@@ -430,7 +439,9 @@ def summarize(results: Sequence[Result]) -> dict:
         out["tau_oracle_prefix_first"] = sum(sum(r.oracle_prefix) for r in spec) / n if n else None
         out["transition_hit_rate"] = thits / tseen if tseen else None
         if all(r.tf_seen is not None for r in spec):
-            tf_hits, tf_seen = sum(r.tf_hits for r in spec), sum(r.tf_seen for r in spec)
+            # simulate.py sets tf_hits with tf_seen; spec is non-empty: the sums are tensors
+            tf_hits = cast(torch.Tensor, sum(cast(torch.Tensor, r.tf_hits) for r in spec))
+            tf_seen = cast(torch.Tensor, sum(cast(torch.Tensor, r.tf_seen) for r in spec))
             out["coverage_tf_seen"] = tf_seen.tolist()
             out["coverage_tf"] = {k: [int(h) / int(s) if s else None for h, s in zip(tf_hits[:, j], tf_seen)]
                                   for j, k in enumerate(KS)}

@@ -2,7 +2,8 @@
 run, with tau, the oracle ceilings, coverage, tokens/s and a greedy losslessness check; results.json and plots.
 
 The core (evaluate, write) takes already-tokenized prompts. `dcoco eval` (run) decodes conversations: the rows
-`dcoco bench` draws, every turn (load_chats, evaluate_chats). The demo reads first turns (suites.load_suites, encode)."""
+`dcoco bench` draws, every turn (load_chats, evaluate_chats). The demo reads first turns (suites.load_suites,
+encode)."""
 
 from __future__ import annotations
 
@@ -11,15 +12,19 @@ import json
 import sys
 from collections.abc import Mapping, Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING, Any, cast
 
 import torch
-from torch import nn
 
 from .. import plots
 from ..suites import ALL, load, subset
 from ..target.corpus import chat_ids
 from ..target.load import load_target
 from .engine import KS, Engine, Result, summarize, target_only
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedModel
+
 
 def encode(tokenizer, suites: Mapping[str, Sequence[str]], thinking: bool = False) -> dict[str, list[list[int]]]:
     """Chat-templated ids (one user turn plus the generation prompt) of every prompt; thinking off by default
@@ -38,7 +43,7 @@ def _row(spec: dict, base: dict) -> dict:
 
 
 @torch.no_grad()
-def decode_all(target: nn.Module, engines: Mapping[str, Engine], suites: Mapping[str, Sequence[list[int]]],
+def decode_all(target: PreTrainedModel, engines: Mapping[str, Engine], suites: Mapping[str, Sequence[list[int]]],
                max_new_tokens: int = 64, temperature: float = 0.0, top_p: float = 1.0, top_k: int = 0,
                seed: int = 0, progress: bool = True, warm_up: bool = True
                ) -> tuple[dict[str, dict[str, list[Result]]], list[dict]]:
@@ -49,7 +54,7 @@ def decode_all(target: nn.Module, engines: Mapping[str, Engine], suites: Mapping
 
     if not suites or not all(suites.values()):
         raise ValueError("suites: expected at least one suite, each with at least one prompt")
-    kw = dict(temperature=temperature, top_p=top_p, top_k=top_k)
+    kw: dict[str, Any] = dict(temperature=temperature, top_p=top_p, top_k=top_k)
     greedy = temperature == 0
     eos = list(next(iter(engines.values())).eos)
     first = next(iter(suites.values()))[0]
@@ -65,7 +70,7 @@ def decode_all(target: nn.Module, engines: Mapping[str, Engine], suites: Mapping
         for m in out:
             out[m][name] = []
         for i, ids in enumerate(prompts):
-            gen = (lambda: None) if greedy else (lambda: torch.Generator().manual_seed(seed + i))
+            gen = (lambda: None) if greedy else (lambda: torch.Generator().manual_seed(seed + i))  # noqa: B023 (called in this iteration)
             base = target_only(target, ids, max_new_tokens, generator=gen(), eos_token_id=eos, **kw)
             out["target-only"][name].append(base)
             bar.update()
@@ -73,7 +78,7 @@ def decode_all(target: nn.Module, engines: Mapping[str, Engine], suites: Mapping
             for m, e in engines.items():
                 r = e.generate(ids, max_new_tokens, generator=gen(), reference=ref, **kw)
                 out[m][name].append(r)
-                if greedy and r.tokens != ref:
+                if ref is not None and r.tokens != ref:  # ref is set when greedy
                     diff = next((j for j, (a, b) in enumerate(zip(r.tokens, ref)) if a != b),
                                 min(len(ref), len(r.tokens)))
                     mismatches.append({"method": m, "suite": name, "row": i, "first_diff": diff})
@@ -92,7 +97,7 @@ def load_chats(paths: Sequence[str | Path] | None = None, rows: int | None = 8) 
     return {name: [rs[i]["turns"] for i in subset(name, rs, rows)] for name, rs in suites.items()}
 
 
-def evaluate_chats(target: nn.Module, engine: Engine, tokenizer, chats: Mapping[str, Sequence[Sequence[str]]],
+def evaluate_chats(target: PreTrainedModel, engine: Engine, tokenizer, chats: Mapping[str, Sequence[Sequence[str]]],
                    max_new_tokens: int = 64, temperature: float = 0.0, top_p: float = 1.0, top_k: int = 0,
                    seed: int = 0, thinking: bool = False, progress: bool = True) -> dict:
     """evaluate() over conversations, every user turn: turn t of a row is decoded in the context of its earlier
@@ -100,7 +105,7 @@ def evaluate_chats(target: nn.Module, engine: Engine, tokenizer, chats: Mapping[
     target-only decodes see the same prompt). Rounds of decode_all, one per turn index; mismatches carry the turn."""
     base: dict[str, list[Result]] = {n: [] for n in chats}
     spec: dict[str, list[Result]] = {n: [] for n in chats}
-    history = {n: [[] for _ in rows] for n, rows in chats.items()}
+    history: dict[str, list[list[dict[str, str]]]] = {n: [[] for _ in rows] for n, rows in chats.items()}
     mismatches = []
     for t in range(max((len(r) for rows in chats.values() for r in rows), default=0)):
         todo = {n: [i for i, r in enumerate(rows) if len(r) > t] for n, rows in chats.items()}
@@ -123,8 +128,8 @@ def evaluate_chats(target: nn.Module, engine: Engine, tokenizer, chats: Mapping[
     return _results(spec, base, mismatches, temperature)
 
 
-def evaluate(target: nn.Module, engine: Engine, suites: Mapping[str, Sequence[list[int]]], max_new_tokens: int = 64,
-             temperature: float = 0.0, top_p: float = 1.0, top_k: int = 0, seed: int = 0,
+def evaluate(target: PreTrainedModel, engine: Engine, suites: Mapping[str, Sequence[list[int]]],
+             max_new_tokens: int = 64, temperature: float = 0.0, top_p: float = 1.0, top_k: int = 0, seed: int = 0,
              progress: bool = True) -> dict:
     """decode_all with one engine. Returns {"suites": {name: row}, "overall": row, "lossless": bool | None,
     "mismatches": [...]}; a row has tau, tau_oracle_walk, tau_oracle_prefix_first (greedy only),
@@ -185,16 +190,17 @@ def coverage_plot(coverage: Mapping | None, seen: Sequence[int] | None, path: Pa
         if not pts:
             continue
         xs, vs, ns = zip(*pts)
-        cis = [wilson(round(v * n), n) for v, n in zip(vs, ns)]
+        # every n > 0 (pts keeps reached slots only), so wilson returns an interval, not None
+        cis = [cast(tuple[float, float], wilson(round(v * n), n)) for v, n in zip(vs, ns)]
         line = ax.errorbar(xs, vs, yerr=[[v - c[0] for v, c in zip(vs, cis)], [c[1] - v for v, c in zip(vs, cis)]],
                            marker="o", capsize=2, label=f"top-{k}")
         few = [(x, v) for x, v, n in zip(xs, vs, ns) if n < SMALL]
         if few:
             ax.scatter(*zip(*few), s=60, facecolors="white", edgecolors=line[0].get_color(), zorder=3)
     ax.set_xticks(range(1, len(seen) + 1), [f"{i + 1}\nn={n}" for i, n in enumerate(seen)], fontsize=7)
-    few = sum(0 < n < SMALL for n in seen)
+    n_few = sum(0 < n < SMALL for n in seen)
     ax.set(xlabel="drafted slot (n: samples)", ylabel="coverage", ylim=(0, 1.02))
-    ax.set_title(title + (f"; hollow: fewer than {SMALL} samples" if few else ""), fontsize=9)
+    ax.set_title(title + (f"; hollow: fewer than {SMALL} samples" if n_few else ""), fontsize=9)
     ax.legend(fontsize=7)
     plots.save(fig, path)
 

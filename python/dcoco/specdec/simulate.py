@@ -17,7 +17,7 @@ from __future__ import annotations
 import hashlib
 import json
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from pathlib import Path
 
 import torch
@@ -116,7 +116,7 @@ def _blocks(engine: Engine, seq: list[int], P: int, T: int, chunk: int, hidden_s
 
 # ---- over suites: references (cached), every method on every prompt, tables with paired CIs ----
 
-def references(target, suites: Mapping[str, Sequence[list[int]]], max_new_tokens: int, eos: Sequence[int],
+def references(target, suites: Mapping[str, Sequence[list[int]]], max_new_tokens: int, eos: Collection[int],
                cache: str | Path | None = None, progress: bool = True) -> dict[str, list[list[int]]]:
     """{suite: the target's greedy continuation of every prompt, up to max_new_tokens or eos}; cached in
     cache/refs-KEY.json (KEY: the target's fingerprint, the prompts, max_new_tokens and eos).
@@ -193,7 +193,8 @@ def report(per: Mapping[str, Mapping[str, Sequence[Result]]], base: str) -> dict
     from .stats import tau_table
 
     suites = list(next(iter(per.values())))
-    groups = {"overall": {m: [r for s in suites for r in per[m][s]] for m in per}}
+    groups: dict[str, dict[str, Sequence[Result]]] = {
+        "overall": {m: [r for s in suites for r in per[m][s]] for m in per}}
     groups.update({s: {m: per[m][s] for m in per} for s in suites})
     tables = {g: tau_table(rs, base) for g, rs in groups.items()}
     out = {}

@@ -12,6 +12,7 @@ import os
 from collections.abc import Sequence
 from importlib import resources
 from pathlib import Path
+from typing import TYPE_CHECKING, cast
 
 import numpy as np
 import torch
@@ -19,6 +20,9 @@ from safetensors.torch import load_file, save_file
 from tqdm import tqdm
 
 from ..jsonl import read_lines
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedModel
 
 FORMAT = 2  # bump when the stored layout or its meaning changes: old caches then miss
 FP16_MAX = 65504.0
@@ -29,7 +33,7 @@ def load_prompts(path: str | Path | None = None) -> list[str]:
     src = resources.files("dcoco") / "data" / "prompts.jsonl" if path is None else Path(path)
     prompts = []
     for n, row in read_lines(src.read_text(encoding="utf-8")):
-        p = row.get("prompt")
+        p = cast(dict, row).get("prompt")  # a JSON object per line (anything else fails here, as it did)
         if not isinstance(p, str) or not p:
             raise ValueError(f"path: line {n} of {src} has no non-empty string 'prompt'")
         prompts.append(p)
@@ -111,7 +115,7 @@ class Corpus:
         return self.hidden.shape[1]
 
 
-def fingerprint(model: torch.nn.Module) -> str:
+def fingerprint(model: PreTrainedModel) -> str:
     """Target identity: class, config and a strided sample of every parameter (cheap, yet any retrained
     or differently quantised weights change it)."""
     h = hashlib.sha256(type(model).__name__.encode())
@@ -123,7 +127,7 @@ def fingerprint(model: torch.nn.Module) -> str:
     return h.hexdigest()
 
 
-def corpus_key(model: torch.nn.Module, prompt_ids: Sequence[Sequence[int]], settings: CorpusSettings,
+def corpus_key(model: PreTrainedModel, prompt_ids: Sequence[Sequence[int]], settings: CorpusSettings,
                responses: Sequence[Sequence[int]] | None = None) -> str:
     h = hashlib.sha256(f"format={FORMAT}".encode())
     h.update(fingerprint(model).encode())
@@ -150,7 +154,7 @@ def token_ids(value) -> list[int]:
     return [] if value is None else [value] if isinstance(value, int) else list(value)
 
 
-def build_corpus(model: torch.nn.Module, prompt_ids: Sequence[Sequence[int]], cache_dir: str | Path,
+def build_corpus(model: PreTrainedModel, prompt_ids: Sequence[Sequence[int]], cache_dir: str | Path,
                  settings: CorpusSettings, eos_ids: Sequence[int] | int | None = None, progress: bool = True,
                  responses: Sequence[Sequence[int]] | None = None) -> Corpus:
     """Load the cached corpus for (model, prompt_ids, settings[, responses]), building it first on a miss.

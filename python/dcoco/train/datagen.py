@@ -15,10 +15,10 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
-import json
 import sys
 from collections.abc import Iterator, Sequence
 from pathlib import Path
+from typing import cast
 
 from tqdm import tqdm
 
@@ -49,7 +49,7 @@ def read_jsonl(path: Path) -> Iterator[tuple[str, int, dict]]:
     """(source, row, record) of a JSONL file; ValueError names a line that is not JSON."""
     try:  # rows are numbered from 0 over every line, blank ones too (lines end at "\n" alone: read_lines)
         for n, row in read_lines(path.read_text(encoding="utf-8")):
-            yield path.stem, n - 1, row
+            yield path.stem, n - 1, cast(dict, row)  # a JSON object per row, as conversation() reads it
     except BadLine as e:
         raise ValueError(f"--input: {path} line {e.line} is not JSON ({e})") from None
 
@@ -103,7 +103,8 @@ def load(folder: str | Path, vocab_size: int | None = None) -> list[tuple[list[i
         except (BadLine, UnicodeDecodeError) as e:
             raise ValueError(f"data: {f}: line {getattr(e, 'line', '?')} is not JSON ({e})") from None
         for n, r in lines:
-            recs.append((_samples(r, vocab_size, f"data: {f} line {n}"), r))
+            # _samples raised unless r is a JSON object
+            recs.append((_samples(r, vocab_size, f"data: {f} line {n}"), cast(dict, r)))
     if not recs:
         raise ValueError(f"data: no generated samples in {folder} (dcoco data generate writes shard-*.jsonl)")
     recs.sort(key=lambda sr: (sr[1]["source"], sr[1]["row"]))
@@ -219,7 +220,7 @@ class Generator:
                 say(f"{source} row {row}: turn {t + 1}'s prompt has {len(ids)} tokens > --max-prompt-tokens "
                     f"{self.max_prompt}; " + (f"kept turns 1-{t}" if t else "dropped"))
                 break
-            for attempt in (1, 2):
+            for _attempt in (1, 2):
                 answer = await chat(client, self.base, self.body, messages)
                 if answer["status"] != "ok":
                     say(f"{source} row {row}: turn {t + 1} failed ({answer['error']}); rerun to retry it")

@@ -42,7 +42,7 @@ def build(drafter: DFlashDrafter, data: Corpus, embed: torch.Tensor, head: torch
         if set(cached) == set(KEYS):
             return cached
     B, dev = drafter.config.block_size - 1, drafter.fc.weight.device
-    parts = {k: [] for k in KEYS}
+    parts: dict[str, list[torch.Tensor]] = {k: [] for k in KEYS}
     for i in tqdm(range(len(data)), desc="drafter outputs", unit="seq", disable=not progress):
         s = data[i]
         a = sample_anchors(s["response"], anchors, _gen(seed, i))
@@ -51,8 +51,8 @@ def build(drafter: DFlashDrafter, data: Corpus, embed: torch.Tensor, head: torch
         S = len(s["ids"])
         block = drafter(s["ids"][None].long().to(dev), s["hidden"][None].to(dev), a[None].to(dev), embed)[0]
         h = block[:, 1:]
-        top = DFlashDrafter.compute_logits(h, head).float().topk(num_candidates, -1)  # h (A,B,d)
-        h, top = h.cpu(), [x.cpu() for x in top]
+        ranked = DFlashDrafter.compute_logits(h, head).float().topk(num_candidates, -1)  # h (A,B,d)
+        h, top = h.cpu(), [x.cpu() for x in ranked]
         parts["anchor_hidden"].append(block[:, 0].float().cpu())
         pos = a[:, None] + torch.arange(1, B + 1)
         at = pos.clamp(max=S - 1)

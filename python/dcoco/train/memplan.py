@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+from typing import TYPE_CHECKING
 
 import torch
 
@@ -31,6 +32,9 @@ from ..modeling.dflash import DFlashConfig, DFlashDrafter
 from ..modeling.head import chunk_rows
 from ..ops.native import CHUNK_BYTES as NATIVE_CHUNK_BYTES
 from .config import TrainConfig
+
+if TYPE_CHECKING:
+    from transformers import PretrainedConfig
 
 GIB = 2 ** 30
 F32 = 4
@@ -63,7 +67,7 @@ class Plan:
         lines += [f"{n:<{w}}  {b / GIB:7.2f}  {how}" for n, b, how in self.rows]
         lines.append(f"{'total':<{w}}  {self.total / GIB:7.2f}  per rank")
         fits = self.fits(headroom)
-        if fits is not None:
+        if fits is not None and self.device_bytes is not None:  # (fits is None exactly when device_bytes is)
             lines.append(f"{'fits' if fits else 'does not fit'} in {self.device_bytes / GIB:.1f} GiB "
                          f"({headroom:.0%} headroom: {headroom * self.device_bytes / GIB:.1f} GiB)")
         return "\n".join(lines)
@@ -127,6 +131,7 @@ def _layer_saved(c: DFlashConfig, T: int, L: int, span: int, a: int) -> int:
         per block token: (20 + a)d + (4 + 3a)Hq + 8H + 8 + a*span + 4a*ffn
         per key token:   4d + (4 + 3a)Hk + 4KV             (Hq = heads x head_dim, Hk = kv_heads x head_dim)"""
     d, ffn, H, KV, hd = c.hidden_size, c.intermediate_size, c.num_attention_heads, c.num_key_value_heads, c.head_dim
+    assert hd is not None  # DFlashConfig.__post_init__ fills it in
     Hq, Hk = H * hd, KV * hd
     per_block = (2 * F32 * d + F32          # input_layernorm: its input x and x * rsqrt, rsqrt
                  + a * d                    # q_proj's input (the norm's output, or its bf16 copy)
@@ -151,7 +156,7 @@ class RunShape:
     """The sizes the plan's rows are computed from: one micro-batch of N sequences of S tokens with A anchors each,
     T block tokens, C context tokens, L key tokens, span keys per block token, R blocks, Rh LM-head rows; a bytes
     per matmul output and tb per target weight or activation; which modules get gradients."""
-    target: object
+    target: PretrainedConfig  # estimate's _check made sure
     c: DFlashConfig
     cfg: TrainConfig
     world: int

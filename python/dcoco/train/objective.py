@@ -45,12 +45,14 @@ class Objective(nn.Module):
         with torch.set_grad_enabled(torch.is_grad_enabled() and mode != "corrector"):
             out_block = self.drafter(ids, batch["hidden"], anchors, embed)  # (N,A,bs,d): the anchor, then B slots
             h = out_block[:, :, 1:].reshape(N * A, bs - 1, -1)
-            labels = torch.where(valid, target, torch.zeros_like(target)) if mode != "corrector" else None
+            ce_labels = torch.where(valid, target, torch.zeros_like(target)) if mode != "corrector" else None
             shortlisted = self.vocab is not None and torch.is_grad_enabled()  # evaluation keeps all V rows
+            ce: torch.Tensor | None
             if shortlisted:
-                ce, values, cand_ids = shortlist_ce(h, head, labels, self.vocab, cfg.num_candidates)
+                assert self.vocab is not None and ce_labels is not None  # grad on: mode is not "corrector"
+                ce, values, cand_ids = shortlist_ce(h, head, ce_labels, self.vocab, cfg.num_candidates)
             else:
-                ce, values, cand_ids = topk_ce(h, head, labels, cfg.num_candidates, cfg.logit_chunk)  # row chunks
+                ce, values, cand_ids = topk_ce(h, head, ce_labels, cfg.num_candidates, cfg.logit_chunk)  # row chunks
         zero = torch.zeros((), device=ids.device)
         out = {"dflash": decayed_mean(ce, valid, cfg.gamma) if ce is not None else zero, "corr": zero}
         # a shortlist's top-1 is over its rows plus the batch's own labels: optimistic, and not the drafter's argmax,

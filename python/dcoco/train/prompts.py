@@ -26,6 +26,7 @@ import sys
 from collections import Counter
 from collections.abc import Iterable, Sequence
 from pathlib import Path
+from typing import cast
 
 from tqdm import tqdm
 
@@ -250,10 +251,12 @@ class Contamination:
 
 def evaluated_rows(suites_dir, reserved: int) -> tuple[list[str], list[str]]:
     """(every turn of the rows below `reserved` of every suite in suites_dir, every turn of the other rows)."""
-    below, above = [], []
+    below: list[str] = []
+    above: list[str] = []
     for f in sorted(Path(suites_dir).glob("*.jsonl")):
         for n, row in read_lines(f.read_text(encoding="utf-8")):
-            (below if n <= reserved else above).extend(t for t in row.get("turns", []) if isinstance(t, str))
+            turns = cast(dict, row).get("turns", [])  # a suite row is a JSON object
+            (below if n <= reserved else above).extend(t for t in turns if isinstance(t, str))
     return below, above
 
 

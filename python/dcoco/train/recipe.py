@@ -12,7 +12,7 @@ import torch
 import torch.distributed as dist
 
 from ..modeling import checkpoint
-from ..modeling.dflash import DFlashConfig, build_target_layer_ids
+from ..modeling.dflash import DFlashConfig, DFlashDrafter, build_target_layer_ids
 from ..target import smollm2
 from ..target.corpus import CorpusSettings, build_corpus, corpus_key, encode_prompts, load_prompts
 from ..target.load import SMOLLM2, load_target
@@ -101,6 +101,7 @@ def run(cfg: TrainConfig, target: str = SMOLLM2, prompts: str | None = None, dat
     if not shard_target:
         model.to(dev)
     corrector = None
+    drafter: DFlashDrafter | DFlashConfig  # a config: train() makes the drafter
     if init is not None:
         drafter, corrector = checkpoint.load(local_checkpoint(init))
         dcfg = drafter.config
@@ -119,12 +120,12 @@ def run(cfg: TrainConfig, target: str = SMOLLM2, prompts: str | None = None, dat
             key = corpus_key(model, prompt_ids, settings)
             responses = [r for _, r in shared_responses(model, prompt_ids, root / f"tokens-{key}-w{world}", settings,
                                                         progress and rank == 0)]
-        corpus = TokenCorpus(list(zip(prompt_ids, responses)))
+        token_corpus = TokenCorpus(list(zip(prompt_ids, responses)))
         embed, head = (m.weight.detach() for m in (model.get_input_embeddings(), model.get_output_embeddings()))
         if shard_target:  # copies, taken before sharding replaces the target's weights with shards
             embed, head = embed.clone(), head.clone()
         feats = TargetFeatures(model, dcfg.target_layer_ids, dev, shard_target, labels)
-        return train(cfg, corpus, embed, head, drafter, corrector, progress=progress, target=feats)
+        return train(cfg, token_corpus, embed, head, drafter, corrector, progress=progress, target=feats)
     for turn in (0, 1):  # rank 0 builds while the others wait, then they read its cache
         if (rank == 0) == (turn == 0):
             corpus = build_corpus(model, prompt_ids, root, settings, progress=progress and rank == 0,

@@ -10,6 +10,7 @@ import random
 import shutil
 import threading
 from pathlib import Path
+from typing import IO
 
 import torch
 import torch.distributed as dist
@@ -78,8 +79,8 @@ class Saver:
             checkpoint.save(tmp, drafter, corrector, dtype=dtype)  # written whole and fsynced
             # one file at a time into the run folder (it holds the logs too): every save of a run writes the
             # same config.json, so a reader between the two renames still finds a matching pair
-            for f in ("model.safetensors", "config.json"):
-                os.replace(tmp / f, out / f)
+            for name in ("model.safetensors", "config.json"):
+                os.replace(tmp / name, out / name)
             with open(tmp / STATE, "wb") as f:
                 torch.save(state, f)
                 f.flush()
@@ -162,7 +163,8 @@ class RunLock:
     holder's pid; a killed holder never blocks (its lock goes with it)."""
 
     def __init__(self, out: str | Path):
-        self.out, self._file = Path(out), None
+        self.out = Path(out)
+        self._file: IO[str] | None = None  # the open lock file while held
 
     def acquire(self) -> RunLock:
         if self.out.exists() and not self.out.is_dir():

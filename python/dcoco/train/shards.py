@@ -5,7 +5,8 @@ machine resumes from the rows the shards hold (`dcoco data generate --skip-packe
 
     <corpus>/manifest.json        {"format", "prompts", "conversations", "samples", "prompt_tokens",
                                    "response_tokens", "sources": {source: {conversations, samples,
-                                   response_tokens}}, "settings", "shards": [{file, rows: [[start, end), ...], samples, ...}]}
+                                   response_tokens}}, "settings",
+                                   "shards": [{file, rows: [[start, end), ...], samples, ...}]}
     <corpus>/shard-<k>.npz        ids (uint16: each sample's prompt then response ids, samples concatenated),
                                   lengths, prompt_lengths (int32, per sample), rows (int32: the prompt row of
                                   each sample), turns (uint8: its turn in the conversation), cut (bool: the
@@ -121,12 +122,11 @@ def _write(path: Path, recs: list[tuple[int, dict]], prompts: list[dict]) -> dic
             cut.append(s.get("finish") == "length")
             answered[source] += 1
             tokens[source] += len(r)
-    arrays = {"ids": np.asarray(ids, np.uint16), "lengths": np.asarray(lengths, np.int32),
-              "prompt_lengths": np.asarray(prompt_lengths, np.int32), "rows": np.asarray(row_of, np.int32),
-              "turns": np.asarray(turns, np.uint8), "cut": np.asarray(cut, bool)}
     with replacing(path) as tmp:
         with tmp.open("wb") as f:
-            np.savez_compressed(f, **arrays)
+            np.savez_compressed(f, ids=np.asarray(ids, np.uint16), lengths=np.asarray(lengths, np.int32),
+                                prompt_lengths=np.asarray(prompt_lengths, np.int32), rows=np.asarray(row_of, np.int32),
+                                turns=np.asarray(turns, np.uint8), cut=np.asarray(cut, bool))
     return {"file": path.name, "rows": _runs([r for r, _ in recs]), "samples": len(lengths),
             "prompt_tokens": int(sum(prompt_lengths)), "response_tokens": int(sum(lengths) - sum(prompt_lengths)),
             "cut": int(sum(cut)), "sources": {s: {"conversations": sources[s], "samples": answered[s],

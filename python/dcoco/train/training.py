@@ -10,6 +10,7 @@ import dataclasses
 import time
 import warnings
 from pathlib import Path
+from typing import cast
 
 import torch
 import torch.distributed as dist
@@ -82,7 +83,7 @@ def train(cfg: TrainConfig, corpus: Corpus | TokenCorpus, embed: torch.Tensor, h
     try:
         start = (resume(out, cfg, total, world, objective, opt, lr_sched) if cfg.resume
                  else fresh(out, cfg, rank, world))
-        model = objective
+        model: nn.Module = objective
         if world > 1:
             model = nn.parallel.DistributedDataParallel(
                 objective, device_ids=[dev.index] if dev.type == "cuda" else None,
@@ -192,7 +193,8 @@ def _step(model: nn.Module, objective: Objective, opt: torch.optim.Optimizer, sc
     parts = []
     for m in range(accum):  # gradients summed over micro-batches; DDP all-reduces after the last only
         batch = _features({k: v.to(dev, non_blocking=True) for k, v in sched.batch(step * accum + m).items()}, target)
-        with model.no_sync() if world > 1 and m < accum - 1 else contextlib.nullcontext():
+        ddp = cast(nn.parallel.DistributedDataParallel, model)  # what model is when world > 1
+        with ddp.no_sync() if world > 1 and m < accum - 1 else contextlib.nullcontext():
             with torch.autocast("cuda", torch.bfloat16, enabled=dev.type == "cuda"):
                 res = model(batch, embed, head)
             (res["loss"] / accum).backward()
@@ -200,8 +202,8 @@ def _step(model: nn.Module, objective: Objective, opt: torch.optim.Optimizer, sc
     res = {k: sum(p[k] for p in parts) for k in parts[0]}
     res.update({k: res[k] / accum for k in ("loss", "dflash", "corr")})
     # per module: a fresh corrector's large L_corr gradient must not shrink the drafter's
-    for m in (objective.drafter, objective.corrector):
-        group = [p for p in m.parameters() if p.requires_grad] if m is not None else []
+    for module in (objective.drafter, objective.corrector):
+        group = [p for p in module.parameters() if p.requires_grad] if module is not None else []
         if group:
             torch.nn.utils.clip_grad_norm_(group, objective.cfg.clip)
     return res
