@@ -3,6 +3,7 @@ backend.py picks for the inputs' device (the fused compiled core, or the native 
 
 from __future__ import annotations
 
+import dataclasses
 import warnings
 from typing import cast
 
@@ -58,7 +59,7 @@ class Corrector(nn.Module):
         out = cast(nn.Linear, self.mlp[2])
         nn.init.zeros_(out.weight)
         nn.init.zeros_(out.bias)
-        self._prepared: tuple | None = None  # (key, table, float32 weights) from prepare_inference
+        self._prepared: Prepared | None = None  # what prepare_inference made
         self._stand_in: torch.Tensor | None = None  # (V, d) of one element: the embedding of a table-only preparation
 
     def extra_repr(self) -> str:
@@ -103,12 +104,11 @@ class Corrector(nn.Module):
                                  "torch.no_grad() (or pass the embedding table for a gradient)")
             embed = self._table_only()
             assert self._prepared is not None  # _table_only returned: the table-only preparation is there
-            _, table, weights = self._prepared
-            return native.score(hidden, cand_ids, cand_logits, embed, weights, table)
+            return native.score(hidden, cand_ids, cand_logits, embed, self._prepared.weights, self._prepared.table)
         fused.require_tensors(embed=embed)
         if backend.native(hidden.device):
             prepared = None if wanted else self._fresh_prepared(embed)
-            table, weights = (None, self.weights()) if prepared is None else prepared[1:]
+            table, weights = (None, self.weights()) if prepared is None else (prepared.table, prepared.weights)
             return native.score(hidden, cand_ids, cand_logits, embed, weights, table)
         return torch.ops.dcoco.score(hidden, cand_ids, cand_logits, embed, *self.weights())
 
@@ -125,7 +125,7 @@ class Corrector(nn.Module):
             embed = self._table_only()
         fused.require_tensors(embed=embed)
         prepared = self._fresh_prepared(embed)
-        table, weights = (None, self.weights()) if prepared is None else prepared[1:]
+        table, weights = (None, self.weights()) if prepared is None else (prepared.table, prepared.weights)
         if backend.native(hidden.device):
             ranks, tokens = native.correct(hidden, cand_ids, cand_logits, embed, weights, table)
         else:
@@ -206,16 +206,17 @@ class Corrector(nn.Module):
         # always copies, never the parameters themselves (.to() of a float32 tensor returns it): a later refill
         # writes into these, which must not be tensors an optimizer or the caller still holds
         weights = tuple(w.detach().to(torch.float32, copy=True).contiguous() for w in self.weights())
-        if self._prepared is not None and _same_layout((table, *weights), self._prepared[1:2] + self._prepared[2]) \
-                and (torch.is_inference_mode_enabled() or not self._prepared[1].is_inference()):
+        before = self._prepared
+        if before is not None and _same_layout((table, *weights), (before.table, *before.weights)) \
+                and (torch.is_inference_mode_enabled() or not before.table.is_inference()):
             # prepared before: refill the same tensors, which a captured CUDA graph keeps reading (tensors made
             # under inference_mode cannot be written outside it: those are replaced)
-            old_table, old_weights = self._prepared[1:]
+            old_table, old_weights = before.table, before.weights
             for old, new in zip((old_table, *old_weights), (table, *weights)):
                 old.copy_(new)
             table, weights = old_table, old_weights
         self._stand_in = embed.new_zeros(()).expand(embed.shape) if table_only else None
-        self._prepared = (self._key(embed), table, weights)
+        self._prepared = Prepared(self._embed_key(embed), self._weights_key(), table, weights)
         return table
 
     def unprepare(self) -> None:
@@ -227,8 +228,12 @@ class Corrector(nn.Module):
         """Whether prepare_inference has run (and not been dropped as stale since)."""
         return self._prepared is not None
 
-    def _key(self, embed: torch.Tensor) -> tuple:
-        return (embed.data_ptr(), embed.shape, _version(embed), *((w.data_ptr(), _version(w)) for w in self.weights()))
+    @staticmethod
+    def _embed_key(embed: torch.Tensor) -> tuple:
+        return embed.data_ptr(), embed.shape, _version(embed)
+
+    def _weights_key(self) -> tuple:
+        return tuple((w.data_ptr(), _version(w)) for w in self.weights())
 
     def _table_only(self) -> torch.Tensor:
         """The stand-in embedding of a table-only preparation, whose weights must be those it was prepared with."""
@@ -236,23 +241,32 @@ class Corrector(nn.Module):
         if self._stand_in is None or prepared is None:
             raise ValueError("embed: expected the (V, d) embedding table; None only after "
                              "prepare_inference(embed, table_only=True)")
-        if not torch.compiler.is_compiling() and self._key(self._stand_in)[3:] != prepared[0][3:]:
+        if not torch.compiler.is_compiling() and self._weights_key() != prepared.weights_key:
             self._prepared = self._stand_in = None
             raise ValueError("embed: the table-only preparation is stale (the weights changed since "
                              "prepare_inference); call prepare_inference(embed, table_only=True) again")
         return self._stand_in
 
-    def _fresh_prepared(self, embed: torch.Tensor) -> tuple | None:
-        if self._prepared is None or torch.compiler.is_compiling():
-            return self._prepared
-        key, prepared_key = self._key(embed), self._prepared[0]
-        if embed is self._stand_in:  # table-only: the weights alone are checked
-            key, prepared_key = key[3:], prepared_key[3:]
-        if key != prepared_key or self._prepared[1].device != embed.device:
+    def _fresh_prepared(self, embed: torch.Tensor) -> Prepared | None:
+        p = self._prepared
+        if p is None or torch.compiler.is_compiling():
+            return p
+        # table-only (embed is the stand-in): the weights alone are checked
+        same_embed = embed is self._stand_in or self._embed_key(embed) == p.embed_key
+        if not same_embed or self._weights_key() != p.weights_key or p.table.device != embed.device:
             warnings.warn("dcoco.Corrector: the inference preparation is stale (weights or embed changed since "
                           "prepare_inference); computing from the embedding table instead", stacklevel=3)
             self._prepared = self._stand_in = None
         return self._prepared
+
+
+@dataclasses.dataclass
+class Prepared:
+    """What prepare_inference keeps: the identity of what it was made from, and the tensors the calls then read."""
+    embed_key: tuple                   # (data_ptr, shape, version) of the embedding table
+    weights_key: tuple                 # (data_ptr, version) of each weight
+    table: torch.Tensor                # (V, r) float32: W_fuse[:, :r] LN(W_cand E[v])
+    weights: tuple[torch.Tensor, ...]  # float32 copies of the weights, refilled in place on a re-preparation
 
 
 def _version(t: torch.Tensor) -> int | None:

@@ -62,7 +62,7 @@ def state(worker) -> dict:
     op = m.corrector_op
     return {"name": type(m).__name__, "corrector": True, "prepared": m.corrector.prepared,
             "embed_rows": None if op.embed is None else op.embed.shape[0],
-            "table_rows": m.corrector._prepared[1].shape[0] if m.corrector.prepared else None,
+            "table_rows": m.corrector._prepared.table.shape[0] if m.corrector.prepared else None,
             "method": op._forward_method.__name__,
             "point_mass": m.point_mass, "walks": m.walks, "weight": float(m.corrector.mlp[2].weight.abs().sum()),
             "anchor": m.corrector.anchor_transition}
@@ -74,7 +74,7 @@ def table(worker) -> dict:
     m = _drafter(worker)
     from dcoco.ops import native
 
-    t = m.corrector._prepared[1]
+    t = m.corrector._prepared.table
     want = native.cand_table(m.corrector_op.embed, m.corrector.cand_proj.weight, m.corrector.fuse_proj.weight)
     return {"ptr": t.data_ptr(), "sum": float(t.double().sum()), "current": bool(torch.allclose(t, want, atol=1e-5)),
             "embed_ptr": m.corrector_op.embed.data_ptr()}
@@ -119,7 +119,7 @@ def memory(worker) -> dict:
     op, c = m.corrector_op, m.corrector
     shard = m.model.embed_tokens.weight
     own = op.embed is not None and op.embed.untyped_storage().data_ptr() != shard.untyped_storage().data_ptr()
-    _, table, weights = c._prepared
+    table, weights = c._prepared.table, c._prepared.weights
     nbytes = lambda ts: sum(t.untyped_storage().nbytes() for t in ts)
     held = [c._stand_in] if c._stand_in is not None else []
     return {"embed": nbytes([op.embed]) if own else 0, "stand_in": nbytes(held), "table": nbytes([table]),
@@ -138,7 +138,7 @@ def gather_check(worker, rows: int) -> bool:
     try:
         c = m.corrector
         want = native.cand_table(m._full_embedding(m.model.embed_tokens), c.cand_proj.weight, c.fuse_proj.weight)
-        return bool(torch.allclose(want, c._prepared[1], atol=1e-5))
+        return bool(torch.allclose(want, c._prepared.table, atol=1e-5))
     finally:
         vllm_model.GATHER_ROWS = keep
 
