@@ -279,31 +279,31 @@ def test_compare_speedups_and_plots(tmp_path):
 
 def test_suites_left_out_and_hub_offline(tmp_path, monkeypatch):
     suites = _suites(tmp_path / "s", {"gsm8k": 2, "mt-bench": 1})
-    found, notes = sb.select([suites], None, False, tmp_path / "o")
+    found, notes = sb.suites_to_run([suites], None, False, tmp_path / "o")
     assert list(found) == ["gsm8k", "mt-bench"]
     assert "suites not found, left out: math500, aime25" in notes[0] and "alpaca, speed-bench" in notes[0]
     assert "--hub" in notes[0]
     monkeypatch.setitem(sys.modules, "datasets", None)  # not installed
     with pytest.raises(ExternalError, match=r"--hub needs the `datasets` package .* offline, save them as JSONL files "
                                             r"named alpaca.jsonl, speed-bench.jsonl"):
-        sb.select([suites], None, True, tmp_path / "o")
+        sb.suites_to_run([suites], None, True, tmp_path / "o")
 
     def offline(*a, **k):
         raise ConnectionError("no network")
     monkeypatch.setitem(sys.modules, "datasets", types.SimpleNamespace(load_dataset=offline))
     with pytest.raises(ExternalError, match=r"--hub could not fetch alpaca \(tatsu-lab/alpaca\): ConnectionError: no "
                                             r"network; offline, save them .* --suites"):
-        sb.select([suites], ["gsm8k", "alpaca"], True, tmp_path / "o")
+        sb.suites_to_run([suites], ["gsm8k", "alpaca"], True, tmp_path / "o")
     fake = {"tatsu-lab/alpaca": [{"instruction": "Name a fruit.", "input": ""},
                                  {"instruction": "Sum these.", "input": "2, 3"}],
             "nvidia/SPEED-Bench": [{"turns": ["q1", "q1b"], "category": "math"}, {"turns": ["q2"], "category": "rag"}]}
     monkeypatch.setitem(sys.modules, "datasets", types.SimpleNamespace(load_dataset=lambda r, c, split: fake[r]))
-    found, notes = sb.select([suites], ["alpaca", "speed-bench", "gsm8k"], True, tmp_path / "o")
+    found, notes = sb.suites_to_run([suites], ["alpaca", "speed-bench", "gsm8k"], True, tmp_path / "o")
     assert list(found) == ["gsm8k", "alpaca", "speed-bench"] and notes == []  # the paper's order
     assert [r["turns"] for r in found["alpaca"]] == [["Name a fruit."], ["Sum these.\n\n2, 3"]]
     assert found["speed-bench"][0] == {"turns": ["q1", "q1b"], "category": "math"}
     monkeypatch.setitem(sys.modules, "datasets", None)  # saved under out/suites: a resume needs no network
-    assert list(sb.select([suites], ["alpaca"], False, tmp_path / "o")[0]) == ["alpaca"]
+    assert list(sb.suites_to_run([suites], ["alpaca"], False, tmp_path / "o")[0]) == ["alpaca"]
 
 
 def test_counters_and_deltas():

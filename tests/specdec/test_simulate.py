@@ -170,11 +170,11 @@ def test_suites_references_cached_and_report(target, refs, tmp_path, monkeypatch
 
 
 def test_the_baseline_heads_re_pick_tokens(target):
-    """Domino's and DSpark's drafts in Engine.select are theirs, not the drafter's argmax (which the
+    """Domino's and DSpark's drafts in Engine.draft are theirs, not the drafter's argmax (which the
     simulation-equals-decoding check would pass with too)."""
     drafter = DFlashDrafter(dflash_cfg(64)).eval()
     h = torch.randn(4, BS, 64, generator=torch.Generator().manual_seed(5))
     anchors = torch.tensor([1, 2, 3, 4])
     for head in baselines():
-        drafted, ids, _, _ = Engine(target, drafter, head, num_candidates=8, eos_token_id=None).select(h, anchors)
+        drafted, ids, _, _ = Engine(target, drafter, head, num_candidates=8, eos_token_id=None).draft(h, anchors)
         assert drafted.shape == ids.shape[:2] and (drafted != ids[..., 0]).any(), type(head).__name__

@@ -330,17 +330,17 @@ def evaluate_all(model, engines: dict[str, Engine], prompts: dict[str, list], ma
 
 def costs(engines: dict[str, Engine], repeats: int = 200) -> dict[str, dict]:
     """Per method with a corrector or selector: parameters, FLOPs per round (one block; corrector.flops) and the
-    CPU/GPU time of a round's selection (Engine.select on one block, R=1) next to the plain argmax's."""
+    CPU/GPU time of a round's selection (Engine.draft on one block, R=1) next to the plain argmax's."""
     plain = next(e for e in engines.values() if e.corrector is None)
     c = plain.drafter.config
     h = torch.randn(1, c.block_size, c.hidden_size, generator=torch.Generator().manual_seed(0)).to(plain.embed)
     anchor = torch.zeros(1, dtype=torch.long, device=h.device)
 
     def seconds(e: Engine) -> float:
-        e.select(h, anchor)  # warm-up
+        e.draft(h, anchor)  # warm-up
         t = time.perf_counter()
         for _ in range(repeats):
-            e.select(h, anchor)
+            e.draft(h, anchor)
         return (time.perf_counter() - t) / repeats
 
     base = seconds(plain)

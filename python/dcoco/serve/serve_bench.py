@@ -299,7 +299,7 @@ def _save(out: Path, config: dict, records: Sequence[dict], batches: Sequence[di
     return res
 
 
-def select(paths: Sequence[str | Path] | None, only: Sequence[str] | None, use_hub: bool,
+def suites_to_run(paths: Sequence[str | Path] | None, only: Sequence[str] | None, use_hub: bool,
            out: Path) -> tuple[dict[str, list[dict]], list[str]]:
     """(suites to run, a note naming the paper's suites left out). Alpaca and SPEED-Bench are also looked for in
     out/suites, where --hub saves them; only: these names, ValueError when one is absent."""
@@ -367,7 +367,7 @@ def run(cfg: BenchConfig, progress: bool = True) -> tuple[dict, int]:
     ok are kept, failed ones are sent again."""
     base = _check_settings(cfg)
     out, rows = Path(cfg.out), cfg.rows
-    texts, notes = select(cfg.suites, cfg.only, cfg.use_hub, out)
+    texts, notes = suites_to_run(cfg.suites, cfg.only, cfg.use_hub, out)
     config = {"endpoint": base, "model": cfg.model, "max_tokens": cfg.max_tokens, "temperature": cfg.temperature,
               "thinking": cfg.thinking, "seeds": list(cfg.seeds), "concurrency": list(cfg.concurrency),
               "rows": "paper" if rows is None else "all" if rows == ALL else rows, "timeout": cfg.timeout,

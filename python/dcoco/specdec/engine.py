@@ -208,10 +208,10 @@ class Engine:
         dtype."""
         anchor_ids = torch.tensor([anchor], device=ctx.device)
         h = self.drafter.draft(anchor_ids, ctx, self.embed)  # (1,B+1,d)
-        drafted, ids, vals, hc = self.select(h, anchor_ids)
+        drafted, ids, vals, hc = self.draft(h, anchor_ids)
         return drafted[0], ids[0], vals[0], hc
 
-    def select(self, h: torch.Tensor, anchor_ids: torch.Tensor,
+    def draft(self, h: torch.Tensor, anchor_ids: torch.Tensor,
                top: tuple[torch.Tensor, torch.Tensor] | None = None) -> tuple[torch.Tensor, ...]:
         """Blocks' drafter hidden states h (R,B+1,d) (position 0 the anchor's) and anchor tokens (R,) -> the drafted
         tokens (R,B) (argmax, the corrector's pick by rule, or a SEQUENTIAL baseline's drafts), the candidates' ids

@@ -94,7 +94,7 @@ def target_pass(target, ids: Sequence[int]):
 
 def _blocks(engine: Engine, seq: list[int], P: int, T: int, chunk: int, hidden_states: Sequence[torch.Tensor],
             shared: dict) -> tuple[torch.Tensor, ...]:
-    """engine.select's outputs for the blocks at anchors P..P+T-2 (the committed tokens 1..T-1; row L-1 is the
+    """engine.draft's outputs for the blocks at anchors P..P+T-2 (the committed tokens 1..T-1; row L-1 is the
     round after L committed tokens), on the CPU. The drafter's pass and top-k are kept in shared."""
     dev = engine.target.device
     ids = torch.tensor([seq[:P + T - 1]], device=dev)
@@ -110,7 +110,7 @@ def _blocks(engine: Engine, seq: list[int], P: int, T: int, chunk: int, hidden_s
             t = DFlashDrafter.compute_logits(h[:, 1:], engine.head).float().topk(engine.top, -1)
             shared[key] = h, (t.indices, t.values)
         h, top = shared[key]
-        parts.append([x.cpu() for x in engine.select(h, ids[0, anchors[0]], top)])
+        parts.append([x.cpu() for x in engine.draft(h, ids[0, anchors[0]], top)])
     return tuple(torch.cat(p) for p in zip(*parts))
 
 
