@@ -31,13 +31,14 @@ def test_a_code_that_differs_is_named():
 def test_forward_rejects_a_bad_dtype_code(argument, codes):
     h, i, lg, e = codes
     with pytest.raises(ValueError, match=f"^{argument}: expected the code of an? (float|id) dtype"):
-        _C.forward(SIZES, 0, h, 0, i, 0, lg, 0, e, 0, [], 0, 0, 0)
+        _C.forward(sizes=SIZES, hidden=0, hidden_dtype=h, cand_ids=0, ids_dtype=i, cand_logits=0, logits_dtype=lg,
+                   embed=0, embed_dtype=e, table=0, weights=[], scores=0, ranks=0, tokens=0)
 
 
 def test_select_and_table_reject_bad_codes():
     with pytest.raises(ValueError, match="^rule: expected a dcoco._C.Rule code .*got 3$"):
-        _C.select(0, 2, 4, 0, 0, 0, 3, 0.5, 0, 0, 0)
+        _C.select(R=0, B=2, K=4, scores=0, first_logits=0, first_dtype=0, rule=3, lam=0.5, work=0, next=0, ranks=0)
     with pytest.raises(ValueError, match="^first_dtype: .*got 4$"):
-        _C.select(0, 2, 4, 0, 0, 4, 0, 0.5, 0, 0, 0)
+        _C.select(R=0, B=2, K=4, scores=0, first_logits=0, first_dtype=4, rule=0, lam=0.5, work=0, next=0, ranks=0)
     with pytest.raises(ValueError, match="^embed_dtype: .*got 6$"):
-        _C.cand_table(0, 8, 4, 0, 6, 0, 0, 0)
+        _C.cand_table(V=0, d=8, r=4, embed=0, embed_dtype=6, cand_proj=0, fuse_proj=0, table=0)

@@ -78,17 +78,17 @@ def _check_cuda(op: str, device: torch.device) -> None:
             "native backend there, and DCOCO_BACKEND=fused (or dcoco.set_backend('fused')) runs the kernel anyway")
 
 
-def _launch(op: str, fn, device: torch.device, *args, workspace=None) -> None:
-    """fn(*args) on the CPU, or on device's current stream for CUDA tensors. workspace() gives the CUDA
-    workspace as {keyword: tensor}; it is allocated after the checks, under the device guard (its size may
-    follow the device), and kept alive through the call."""
+def _launch(op: str, fn, device: torch.device, workspace=None, **kw) -> None:
+    """fn(**kw) on the CPU, or on device's current stream for CUDA tensors (the core's arguments by their names in
+    cpp/bindings.cpp). workspace() gives the CUDA workspace as {keyword: tensor}; it is allocated after the checks,
+    under the device guard (its size may follow the device), and kept alive through the call."""
     if device.type != "cuda":
-        fn(*args)
+        fn(**kw)
         return
     _check_cuda(op, device)
     with torch.cuda.device(device):
         ws = workspace() if workspace else {}
-        fn(*args, cuda=True, stream=torch.cuda.current_stream(device).cuda_stream,
+        fn(**kw, cuda=True, stream=torch.cuda.current_stream(device).cuda_stream,
            **{k: t.data_ptr() for k, t in ws.items()})
 
 
@@ -96,24 +96,23 @@ def _ptr(t) -> int:
     return 0 if t is None else t.data_ptr()
 
 
-def _inputs(hidden, cand_ids, cand_logits, embed, table=None) -> tuple[list[torch.Tensor], list[int]]:
-    """The inputs made contiguous (keep them alive through the call) and their (pointer, dtype code) arguments.
-    With a vocabulary table the core reads no embedding row: embed may be a stand-in (Corrector's table-only
-    preparation) and is passed as a null pointer, never copied."""
-    ts = [t.contiguous() for t in (hidden, cand_ids, cand_logits)] + [embed if table is not None else
-                                                                       embed.contiguous()]
-    codes = (_FLOAT_CODES, _ID_CODES, _FLOAT_CODES, _FLOAT_CODES)
-    args = [x for t, c in zip(ts, codes) for x in (t.data_ptr(), c[t.dtype])]
-    if table is not None:
-        args[6] = 0
-    return ts, args
+def _inputs(hidden, cand_ids, cand_logits, embed, table=None) -> tuple[list[torch.Tensor], dict[str, int]]:
+    """The inputs made contiguous (keep them alive through the call) and the core's pointer and dtype-code
+    arguments for them, by name. With a vocabulary table the core reads no embedding row: embed may be a stand-in
+    (Corrector's table-only preparation) and is passed as a null pointer, never copied."""
+    hidden, cand_ids, cand_logits = (t.contiguous() for t in (hidden, cand_ids, cand_logits))
+    embed = embed if table is not None else embed.contiguous()
+    return [hidden, cand_ids, cand_logits, embed], {
+        "hidden": hidden.data_ptr(), "hidden_dtype": _FLOAT_CODES[hidden.dtype],
+        "cand_ids": cand_ids.data_ptr(), "ids_dtype": _ID_CODES[cand_ids.dtype],
+        "cand_logits": cand_logits.data_ptr(), "logits_dtype": _FLOAT_CODES[cand_logits.dtype],
+        "embed": 0 if table is not None else embed.data_ptr(), "embed_dtype": _FLOAT_CODES[embed.dtype]}
 
 
 def _run_core(hidden, cand_ids, cand_logits, embed, weights, table, sizes, scores, ranks, tokens) -> None:
     keep, inputs = _inputs(hidden, cand_ids, cand_logits, embed, table)
     ws = [w.to(torch.float32).contiguous() for w in weights]
     table = None if table is None else table.contiguous()
-    args = (list(sizes), *inputs, _ptr(table), [w.data_ptr() for w in ws], _ptr(scores), _ptr(ranks), _ptr(tokens))
     dev = hidden.device
 
     def workspace():  # the split of d follows the device's SM count
@@ -121,7 +120,9 @@ def _run_core(hidden, cand_ids, cand_logits, embed, weights, table, sizes, score
         return {"workspace": torch.empty(floats, dtype=torch.float32, device=dev),
                 "counters": torch.zeros(ints, dtype=torch.int32, device=dev)}
 
-    _launch("score" if ranks is None else "correct", _C.forward, dev, *args, workspace=workspace)
+    _launch("score" if ranks is None else "correct", _C.forward, dev, workspace, sizes=list(sizes), **inputs,
+            table=_ptr(table), weights=[w.data_ptr() for w in ws], scores=_ptr(scores), ranks=_ptr(ranks),
+            tokens=_ptr(tokens))
 
 
 # --- score -----------------------------------------------------------------------------------------
@@ -152,12 +153,12 @@ def _run_grad(hidden, cand_ids, cand_logits, embed, weights, sizes, dt, scores=N
     ws = [w.to(dt).contiguous() for w in weights]
     grad = None if grad is None else grad.to(dt).contiguous()
     outs = outs or (None, None)
-    args = (list(sizes), *inputs, [w.data_ptr() for w in ws], _ptr(grad), _ptr(scores), _ptr(outs[0]), _ptr(outs[1]),
-            [o.data_ptr() for o in outs[2:]], dt == torch.float64)
     dev = hidden.device
     workspace = lambda: {"workspace": torch.empty(_C.cuda_grad_workspace_size(list(sizes)), dtype=torch.float32,
                                                   device=dev)}
-    _launch("score_backward", _C.score_grad, dev, *args, workspace=workspace)
+    _launch("score_backward", _C.score_grad, dev, workspace, sizes=list(sizes), **inputs,
+            weights=[w.data_ptr() for w in ws], grad=_ptr(grad), scores=_ptr(scores), d_hidden=_ptr(outs[0]),
+            d_logits=_ptr(outs[1]), d_weights=[o.data_ptr() for o in outs[2:]], float64=dt == torch.float64)
 
 
 # --- score_backward: the compiled backward, and score's autograd ------------------------------------
@@ -238,9 +239,10 @@ def _cand_table_impl(embed, cand_proj, fuse_proj):
     table = _out((V, r), torch.float32, embed.device)
     embed = embed.contiguous()
     cp, fp = cand_proj.to(torch.float32).contiguous(), fuse_proj.to(torch.float32).contiguous()
-    args = (V, d, r, embed.data_ptr(), _FLOAT_CODES[embed.dtype], cp.data_ptr(), fp.data_ptr(), table.data_ptr())
     if V:
-        _launch("cand_table", _C.cand_table, embed.device, *args)
+        _launch("cand_table", _C.cand_table, embed.device, V=V, d=d, r=r, embed=embed.data_ptr(),
+                embed_dtype=_FLOAT_CODES[embed.dtype], cand_proj=cp.data_ptr(), fuse_proj=fp.data_ptr(),
+                table=table.data_ptr())
     return table
 
 
@@ -262,9 +264,9 @@ def _select_impl(scores, first_logits, rule, lam):
     first_logits = first_logits.contiguous()
     work = torch.empty((R, 3 * K), dtype=torch.float32, device=dev)
     nxt = torch.empty((R, max(B - 1, 1), K), dtype=torch.int32, device=dev)
-    args = (R, B, K, scores.data_ptr(), first_logits.data_ptr(), _FLOAT_CODES[first_logits.dtype], RULES[rule],
-            float(lam), work.data_ptr(), nxt.data_ptr(), ranks.data_ptr())
-    _launch("select", _C.select, dev, *args)
+    _launch("select", _C.select, dev, R=R, B=B, K=K, scores=scores.data_ptr(), first_logits=first_logits.data_ptr(),
+            first_dtype=_FLOAT_CODES[first_logits.dtype], rule=RULES[rule], lam=float(lam), work=work.data_ptr(),
+            next=nxt.data_ptr(), ranks=ranks.data_ptr())
     return ranks
 
 
