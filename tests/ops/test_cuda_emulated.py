@@ -186,7 +186,7 @@ def test_tensor_core_paths_fit_every_cap(mma_runner, tmp_path, path, cap):
     (8, 16, "rows"),  # more than kGridWalkRequests: the serial row walk, 1/K of the MLP terms
 ])
 def test_the_walk_design_follows_the_batch(runner, tmp_path, R, K, walk):
-    """Without a wanted grid, the walk is the hybrid of bench/walk_model.py: grid-then-walk for up to 6 requests,
+    """Without a wanted grid, the walk is the hybrid of bench/models/walk_model.py: grid-then-walk for up to 6 requests,
     the row walk above; both give the reference's greedy path."""
     case = make_case(R, 15, K, 64, V=300, dtype=torch.bfloat16, seed=R + K)
     s64 = case.ref_scores()

@@ -1,7 +1,7 @@
 """Counting what a GPU would launch, on any device: a TorchDispatchMode that records every aten (and dcoco) op
 below autograd, with the bytes its tensors hold. Run on the meta device it costs nothing at any size and, as on
 CUDA, takes no host-side branch (the CPU's eager id check is not there). Counts are deterministic, so tests
-assert them; bench/launch_model.py turns them into a latency model.
+assert them; bench/models/launch_model.py turns them into a latency model.
 
 An op "launches" unless it only makes a view or allocates (no kernel on a GPU): views are the ops whose
 schema says the result aliases an input without writing it, plus the allocators below."""

@@ -2,7 +2,7 @@
 logits, the corrector over each request's N slots, and the hand-back of the corrected tokens into the logits.
 
 vllm_model.py calls these; the device check (bench/gpu_hook.py) captures them in a CUDA graph and
-bench/launch_model.py counts their launches, so all three see the same ops."""
+bench/models/launch_model.py counts their launches, so all three see the same ops."""
 
 from __future__ import annotations
 

@@ -10,7 +10,7 @@ Work per MLP term, from cpp/include/dcoco/math.h (transition_terms with gelu/erf
 instructions: u+a+b (2), x/sqrt2 (1), clamp (2), t=c*c (1), the P and Q polynomials (5 + 6 FMA), c*p/q (1 + about
 10 for an IEEE division), selects (2), 0.5 x (1+e) (3), the w2 FMA (1), 4 loads: about 38.
 
-    python bench/walk_model.py            # prints the table, writes bench/results/walk-model/walk-model.json
+    python bench/models/walk_model.py            # prints the table, writes bench/results/walk-model/walk-model.json
 """
 
 from __future__ import annotations

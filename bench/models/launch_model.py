@@ -10,14 +10,14 @@ d=4096, B=15, K=16, V=151,936, R = 1, 8, 32 requests, with bf16 hidden states an
                    torch.compile makes of it), so the (R,B-1,K,K,H) pre-activations never reach HBM;
   fused hook       the same hook on the fused kernel: top-K, the logits' upcast, the workspace's counter memset
                    (added by hand: the meta device runs the op's fake, which allocates nothing), one kernel, the
-                   hand-back; the kernel's time from bench/walk_model.py's design for that R plus its bytes;
+                   hand-back; the kernel's time from bench/models/walk_model.py's design for that R plus its bytes;
   DFlash           plain DFlash's own selection, one argmax over the logits (what the hook adds to).
 Projected per op, summed (a stream runs its kernels one after another):
   eager   max(LAUNCH_EAGER_US, GPU time): the host's dispatch and launch bound small kernels;
   graph   max(GRAPH_NODE_US, GPU time): a CUDA graph replays the same kernels without the host;
   GPU time = bytes / HBM_TBS (an op reads its inputs and writes its outputs once) + GEMM FLOPs / FP32_TFLOPS.
 
-    python bench/launch_model.py          # prints the table, writes bench/results/launch-model/launch-model.json
+    python bench/models/launch_model.py          # prints the table, writes bench/results/launch-model/launch-model.json
 """
 
 from __future__ import annotations
@@ -83,7 +83,7 @@ def inputs(R: int):
 
 
 def fused_kernel_us(R: int) -> tuple[tuple[float, float], int]:
-    """The one fused launch, (its time range, its bytes): its walk (bench/walk_model.py's design at this R) plus
+    """The one fused launch, (its time range, its bytes): its walk (bench/models/walk_model.py's design at this R) plus
     its bytes (bf16 hidden, the gathered table rows, ids and logits, the weights, the outputs)."""
     r, H = 128, 256
     weights = 4 * (r * D + 2 * r * D + 2 * r * r + H * (3 * r + 2))
@@ -145,7 +145,7 @@ def main() -> None:
               f"{r['graph_us'][0]:>6.0f} .. {r['graph_us'][1]:<6.0f}")
     for name, (lo, hi) in BUDGET_US.items():
         print(f"budget: {name}: {lo:.0f}-{hi:.0f} us")
-    out = Path(__file__).parent / "results" / "launch-model" / "launch-model.json"
+    out = Path(__file__).parents[1] / "results" / "launch-model" / "launch-model.json"
     out.write_text(json.dumps({"shape": {"d": D, "B": B, "K": K, "V": V}, "launch_eager_us": LAUNCH_EAGER_US,
                                "graph_node_us": GRAPH_NODE_US, "hbm_tbs": HBM_TBS, "fp32_tflops": FP32_TFLOPS,
                                "budget_us": BUDGET_US, "rows": rows}, indent=2) + "\n")
