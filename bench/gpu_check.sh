@@ -12,10 +12,10 @@ declare -A T=(
                    # on 2 busy cores, 105 s of it cuda/forward.cu alone, so nvcc --split-compile spreads that file
   [env]=10         # $OUT/env.json: the GPU, torch, dcoco.build_info(); the fused path must load
   [tests]=60       # tests/ops/test_cuda.py + test_select.py on CUDA, each test under both backends, vs the reference
-  [hook]=40        # bench/gpu_hook.py: the plugin's hook eager and replayed in a CUDA graph, both backends,
+  [hook]=40        # tests/gpu/gpu_hook.py: the plugin's hook eager and replayed in a CUDA graph, both backends,
                    # R 1/8/32, the paper's corrector and an anchor-aware one, checked against the CPU core,
                    # timed against plain DFlash (argmax only)
-  [sanitizer]=40   # bench/gpu_sanitize.py: memcheck, racecheck, synccheck at once, on dcoco's kernels only
+  [sanitizer]=40   # tests/gpu/gpu_sanitize.py: memcheck, racecheck, synccheck at once, on dcoco's kernels only
   [bench]=15       # bench/gpu_bench.py --quick: kernel timings of both backends, R 1..256, and training
   [report]=5       # bench/gpu_report.py: $OUT/<gpu>-<date>.json; its "passed" may validate the arch
 )
@@ -119,12 +119,12 @@ log "tests: $(tail -1 "$W/tests.log")"
 
 # hook
 s=$SECONDS
-timeout "$(tmo hook)" python3 bench/gpu_hook.py --out "$OUT/hook.json" "${hook_args[@]}" >"$W/hook.log" 2>&1
+timeout "$(tmo hook)" python3 tests/gpu/gpu_hook.py --out "$OUT/hook.json" "${hook_args[@]}" >"$W/hook.log" 2>&1
 rc=$?; tail -18 "$W/hook.log"; ended hook $rc $s
 
 # sanitizer: its own deadline a little inside the step's, so the JSON is written
 s=$SECONDS
-timeout "$(tmo sanitizer)" python3 bench/gpu_sanitize.py --out "$OUT/sanitizer.json" \
+timeout "$(tmo sanitizer)" python3 tests/gpu/gpu_sanitize.py --out "$OUT/sanitizer.json" \
   --timeout $(($(tmo sanitizer) - 5)) --logs "$W" "${san_args[@]}" 2>&1 | tee "$W/sanitizer.log"
 rc=${PIPESTATUS[0]}; ended sanitizer $rc $s
 

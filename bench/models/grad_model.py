@@ -40,7 +40,7 @@ L2_BW_NOTE = "L2 bandwidth is not published for the H200; 10 TB/s is an assumpti
 FADD_CYCLES = 4       # dependent float add/FMA latency: a serial chain of n adds takes 4 n cycles
 THREADS_PER_SM = 2048
 LAUNCH_US = 2.0       # per kernel launch on one stream
-INSTR_FWD_TERM = 38   # one forward MLP term (bench/models/walk_model.py: u+a+b, gelu via erf_rational, the w2 FMA, loads)
+INSTR_FWD_TERM = 38   # a forward MLP term (bench/models/walk_model.py: u+a+b, gelu via erf_rational, the w2 FMA, loads)
 INSTR_BWD_TERM = 75   # one backward term, transition_unit_grad: gelu and gelu_grad (erf shared after inlining,
 #                       exp_nonpos ~15), 3 products, 3 accumulations, 2 loads
 LOCAL_BYTES_PER_TERM = 8  # per-slot: dsucc[64] lives in local memory: one load + one store of 4 bytes per term

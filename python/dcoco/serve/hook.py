@@ -1,7 +1,7 @@
 """What the vLLM plugin adds to a draft call, as plain tensor ops with no vLLM import: the top-K of the draft
 logits, the corrector over each request's N slots, and the hand-back of the corrected tokens into the logits.
 
-vllm_model.py calls these; the device check (bench/gpu_hook.py) captures them in a CUDA graph and
+vllm_model.py calls these; the device check (tests/gpu/gpu_hook.py) captures them in a CUDA graph and
 bench/models/launch_model.py counts their launches, so all three see the same ops."""
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """A tiny random Llama target (vocab 100, hidden 64, 4 layers) with a word-level chat tokenizer and a prompts
 file, saved to a folder: `dcoco train --target DIR` runs on it offline in seconds. For tests and device smoke
-runs (bench/gpu_train_smoke.py), never for results."""
+runs (tests/gpu/gpu_train_smoke.py), never for results."""
 
 from __future__ import annotations
 

@@ -5,8 +5,8 @@ row and token strided views of the drafter pass's), on both backends, eager and 
 drafts checked against the CPU core on the same inputs, and timed against plain DFlash's hand-back (argmax only,
 no corrector). Writes --out after every case, so a run cut off keeps what finished.
 
-  python bench/gpu_hook.py --out OUT/hook.json                       # the device: R 1,8,32, V=151936, d=4096
-  python bench/gpu_hook.py --device cpu --R 1 2 --V 1000 --d 64 ...  # the rehearsal: no graphs, no CUDA timers
+  python tests/gpu/gpu_hook.py --out OUT/hook.json                       # the device: R 1,8,32, V=151936, d=4096
+  python tests/gpu/gpu_hook.py --device cpu --R 1 2 --V 1000 --d 64 ...  # the rehearsal: no graphs, no CUDA timers
 
 Each case ("anchor": the anchor-aware corrector, point_mass False only): "topk_equal" (GPU and CPU top-K ids),
 "hand_back_ok" (+inf at the chosen token and nothing else changed, or the point mass), "graph_equal" (replay ==

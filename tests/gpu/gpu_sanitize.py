@@ -9,8 +9,8 @@ records split into dcoco's (a device frame in dcoco::, or a host frame in dcoco'
   dcoco_errors  an error record is dcoco's;
   incomplete    cut off or failed before its end without a dcoco record: dcoco's kernels were not all checked.
 
-  python bench/gpu_sanitize.py --out OUT/sanitizer.json --timeout 40 --logs WORK   # the three tools
-  python bench/gpu_sanitize.py --case [--device cpu]                   # the case alone (what each tool runs)
+  python tests/gpu/gpu_sanitize.py --out OUT/sanitizer.json --timeout 40 --logs WORK   # the three tools
+  python tests/gpu/gpu_sanitize.py --case [--device cpu]                   # the case alone (what each tool runs)
 """
 
 from __future__ import annotations

@@ -4,7 +4,7 @@ on a GPU (bench/gpu_check.sh leaves it out: the device call's time goes to the f
 tests cover the backward); also runs on a CPU. Prints one JSON line: {backend, device, features,
 grad_checkpoint, requested, returncode, steps, first and last losses, seconds}.
 
-  DCOCO_BACKEND=fused python bench/gpu_train_smoke.py --device cuda --steps 50 --features online --grad-checkpoint
+  DCOCO_BACKEND=fused python tests/gpu/gpu_train_smoke.py --device cuda --steps 50 --features online --grad-checkpoint
 """
 
 import argparse
