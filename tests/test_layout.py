@@ -16,14 +16,14 @@ from pathlib import Path
 from helpers.imports import PKG, ImportVisitor, declared, distribution, norm
 
 
-LAYERS = ("dcoco", "ops", "top", "modeling", "target", "train", "specdec", "serve", "cli", "testing")
+LAYERS = ("dcoco", "ops", "top", "modeling", "target", "train", "specdec", "serve", "benchmark", "cli", "testing")
 MAX_LINES, MAX_FUNCTION_LINES = 450, 80
 # extras beyond [project].dependencies, per layer, and per module where one module needs more than its layer
 EXTRAS = {"ops": (), "top": (), "modeling": (), "dcoco": (), "target": ("train",), "train": ("train",),
-          "specdec": ("train",), "cli": ("train", "demo", "bench"), "serve": (), "testing": ("test",)}
+          "specdec": ("train",), "cli": ("train", "demo", "bench"), "serve": (), "benchmark": ("bench",),
+          "testing": ("test",)}
 MODULE_EXTRAS = {"dcoco.serve.vllm_model": ("vllm",), "dcoco.plots": ("demo", "bench"),
-                 "dcoco.chat": ("train", "bench"), "dcoco.serve.serve_bench": ("bench",),
-                 "dcoco.serve.serve_bench_report": ("bench",)}
+                 "dcoco.chat": ("train", "bench")}
 # distributions installed by one that dcoco declares
 COMES_WITH = {"tokenizers": "transformers", "huggingface-hub": "transformers"}
 
@@ -148,5 +148,5 @@ def test_the_walk_sees_every_kind_of_import():
     assert "dcoco.ops.native" in dcoco_imports("dcoco.ops.select")  # from . import a, b
     assert "dcoco._C" in dcoco_imports("dcoco.ops.backend")  # from .. import _C
     assert "dcoco.modeling.checkpoint" in dcoco_imports("dcoco.specdec.evaluate")  # inside a function
-    assert ("datasets", True) in imports("dcoco.serve.serve_bench")  # optional: try/except ImportError
+    assert ("datasets", True) in imports("dcoco.benchmark.client")  # optional: try/except ImportError
     assert norm("huggingface_hub") == "huggingface-hub"

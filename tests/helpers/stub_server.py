@@ -8,7 +8,7 @@ import threading
 import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
-from dcoco.serve import serve_bench as sb
+from dcoco.benchmark import client as sb
 
 
 WORDS = ("apples", "red cubes", "small stones", "paper cranes", "glass marbles", "wooden blocks", "old coins")

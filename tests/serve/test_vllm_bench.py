@@ -27,7 +27,7 @@ pytest.importorskip("httpx", reason="dcoco bench needs httpx")
 
 from helpers.tiny_vllm import N, SUITES, make_drafter, make_target, make_tokenizer
 
-from dcoco.serve import serve_bench as sb
+from dcoco.benchmark import client as sb
 from dcoco.cli import main
 from dcoco.testing.vllm_server import VLLMServer
 

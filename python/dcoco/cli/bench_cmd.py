@@ -38,7 +38,7 @@ def arguments(p: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from ..serve import serve_bench, serve_bench_report as report
+    from ..benchmark import client, report
     from ..suites import parse_rows
 
     with exits("dcoco bench"):
@@ -50,11 +50,11 @@ def run(args: argparse.Namespace) -> int:
         missing = [f"--{k}" for k in ("endpoint", "model", "out") if getattr(args, k) is None]
         if missing:
             raise ValueError(f"the following arguments are required: {', '.join(missing)}")
-        cfg = serve_bench.BenchConfig(
+        cfg = client.BenchConfig(
             endpoint=args.endpoint, model=args.model, out=args.out, suites=args.suites,
             only=args.only.split(",") if args.only else None, use_hub=args.hub, rows=parse_rows(args.rows),
-            max_tokens=args.max_tokens, seeds=serve_bench.parse_seeds(args.seeds), temperature=args.temperature,
-            concurrency=serve_bench.parse_concurrency(args.concurrency), timeout=args.timeout,
+            max_tokens=args.max_tokens, seeds=client.parse_seeds(args.seeds), temperature=args.temperature,
+            concurrency=client.parse_concurrency(args.concurrency), timeout=args.timeout,
             thinking=args.thinking)
-        _, failed = serve_bench.run(cfg, progress=not args.no_progress)
+        _, failed = client.run(cfg, progress=not args.no_progress)
     return 1 if failed else 0

@@ -5,14 +5,13 @@ seed) and concurrency; per request the figure is generated tokens / wall time in
 median of those at concurrency 1, aggregate output tokens/s (tokens / wall time of the suite's batch) above it,
 and tau = 1 + accepted / drafts from the server's spec-decode counters (/metrics scraped around each batch).
 Records are appended to requests.jsonl and batches.jsonl as they finish; rerunning with the same --out resumes.
-Tables and plots: serve_bench_report."""
+Tables and plots: report."""
 
 from __future__ import annotations
 
 import asyncio
 import dataclasses
 import json
-import re
 import statistics
 import sys
 import time
@@ -24,7 +23,7 @@ from ..errors import ExternalError
 from ..files import write_text_atomic
 from ..jsonl import append_record, read_records, write_records
 from ..suites import ALL, SUITES, load, order, read, subset
-from . import serve_bench_report as report
+from . import report
 
 # suites not shipped in data/suites: hub dataset, config, split
 HUB = {"alpaca": ("tatsu-lab/alpaca", None, "train"), "speed-bench": ("nvidia/SPEED-Bench", "qualitative", "test")}
@@ -33,8 +32,6 @@ COUNTERS = {"vllm:spec_decode_num_drafts": "drafts", "vllm:spec_decode_num_draft
 PER_POS = "vllm:spec_decode_num_accepted_tokens_per_pos"
 SAME = ("model", "max_tokens", "temperature", "thinking")  # what a resumed run must share with the first
 WARMUP = "Say hello."
-_SAMPLE = re.compile(r"^([A-Za-z_:][\w:]*)(?:\{(.*)\})?\s+(\S+)")  # name{labels} value [timestamp]
-_LABEL = re.compile(r'(\w+)="((?:[^"\\]|\\.)*)"')
 
 
 def parse_seeds(text: str) -> list[int | None]:
@@ -86,17 +83,19 @@ def hub(names: Sequence[str], dest: Path) -> None:
 def counters(text: str) -> dict | None:
     """{drafts, draft_tokens, accepted, per_pos: {position: accepted}} summed over label sets (engines, models)
     from Prometheus text; None without spec-decode counters (a server without speculation)."""
+    from prometheus_client.parser import text_string_to_metric_families
+
     out: dict = {"per_pos": {}}
-    for line in text.splitlines():
-        m = _SAMPLE.match(line)
-        if not m or not m[1].endswith("_total"):
-            continue
-        name, value = m[1].removesuffix("_total"), float(m[3])
-        if name in COUNTERS:
-            out[COUNTERS[name]] = out.get(COUNTERS[name], 0.0) + value
-        elif name == PER_POS:
-            pos = dict(_LABEL.findall(m[2] or "")).get("position", "0")
-            out["per_pos"][pos] = out["per_pos"].get(pos, 0.0) + value
+    for family in text_string_to_metric_families(text):
+        for s in family.samples:
+            if not s.name.endswith("_total"):
+                continue
+            name = s.name.removesuffix("_total")
+            if name in COUNTERS:
+                out[COUNTERS[name]] = out.get(COUNTERS[name], 0.0) + s.value
+            elif name == PER_POS:
+                pos = s.labels.get("position", "0")
+                out["per_pos"][pos] = out["per_pos"].get(pos, 0.0) + s.value
     return out if "drafts" in out else None
 
 

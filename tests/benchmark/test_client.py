@@ -20,7 +20,7 @@ import pytest
 pytest.importorskip("httpx", reason="dcoco bench needs httpx (pip install httpx)")
 pytest.importorskip("matplotlib", reason="dcoco bench plots with matplotlib")
 
-from dcoco.serve import serve_bench as sb
+from dcoco.benchmark import client as sb
 from dcoco.cli import main
 from dcoco.errors import ExternalError
 from dcoco.suites import ALL, default_suites, load, subset
