@@ -7,13 +7,14 @@ import hashlib, sys, torch, torch.distributed as dist
 from dcoco.ops import backend
 from dcoco import cli
 from dcoco.cli import train_cmd
-from dcoco.train import online, recipe
-init = online.TargetFeatures.__init__
+from dcoco.target import features
+from dcoco.train import recipe
+init = features.TargetFeatures.__init__
 def spy(self, *a, **k):
     init(self, *a, **k)
     w = type(self.decoder.layers[0].mlp.up_proj.weight).__name__
     open(f"{sys.argv[1]}/rank{dist.get_rank()}.target", "w").write(w)
-online.TargetFeatures.__init__ = spy
+features.TargetFeatures.__init__ = spy
 cfg, kw = train_cmd.train_options(cli.parser().parse_args(sys.argv[2:]))
 res = recipe.run(cfg, **kw)
 h = hashlib.sha256()

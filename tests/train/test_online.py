@@ -1,5 +1,5 @@
-"""Online target features (online.py): the frozen target run per batch equals the feature cache, trains like it,
-and shards over torchrun ranks (FSDP2 with gloo) without changing a bit. On the tiny random Llama target."""
+"""Online target features (target/features.py): the frozen target run per batch equals the feature cache, trains like
+it, and shards over torchrun ranks (FSDP2 with gloo) without changing a bit. On the tiny random Llama target."""
 
 from __future__ import annotations
 
@@ -20,7 +20,7 @@ from dcoco.cli import train_cmd
 from dcoco.target import corpus as corpus_mod
 from dcoco.train import recipe
 from dcoco.testing import tiny
-from dcoco.train.online import TargetFeatures, TokenCorpus
+from dcoco.target.features import TargetFeatures, TokenCorpus
 from dcoco.train.training import Schedule, TrainConfig, collate, train
 from helpers.torchrun import WRAPPER
 
@@ -88,7 +88,8 @@ def test_corpus_labels_are_the_argmax_on_a_greedy_corpus_and_stop_at_the_last_ta
     tokens = TokenCorpus(pairs_of(cache))
     idx = list(range(len(cache)))[:6]
     b = collate([tokens[i] for i in idx], [torch.tensor([0])] * len(idx))
-    full = TargetFeatures(model, list(tiny.TAPS), torch.device("cpu"))(b["ids"])
+    argmax = TargetFeatures(model, list(tiny.TAPS), torch.device("cpu"))
+    full = argmax(b["ids"])
     short = TargetFeatures(model, list(tiny.TAPS), torch.device("cpu"), labels="corpus")
     later = model.get_decoder().layers[max(tiny.TAPS) + 1:]
     ran = []
@@ -100,6 +101,8 @@ def test_corpus_labels_are_the_argmax_on_a_greedy_corpus_and_stop_at_the_last_ta
     torch.testing.assert_close(out["hidden"], full["hidden"], rtol=0, atol=0)
     resp = b["response"]
     assert resp.sum() > 50 and torch.equal(out["labels"][resp], full["labels"][resp])
+    again = argmax(b["ids"])  # two feature sources on one model: neither's hooks reach the other's forward
+    assert torch.equal(again["labels"], full["labels"]) and torch.equal(again["hidden"], full["hidden"])
     with pytest.raises(ValueError, match="labels: expected one of"):
         TargetFeatures(model, list(tiny.TAPS), torch.device("cpu"), labels="next")
 

@@ -14,20 +14,9 @@ import torch
 import torch.nn.functional as F
 from torch.utils.checkpoint import checkpoint
 
+from ..logit_chunks import chunk_rows
 from ..ops import checks
 from .dflash import DFlashDrafter
-
-CHUNK_BYTES = 256 * 2 ** 20  # float32 logits per chunk when the caller does not say
-
-
-def chunk_rows(vocab_size: int, rows: int | None = None) -> int:
-    """Rows per chunk: `rows` when given, else as many as CHUNK_BYTES of float32 logits hold (at least 1)."""
-    if rows is not None:
-        if isinstance(rows, bool) or not isinstance(rows, int) or rows < 1:
-            raise ValueError(f"rows: expected an integer >= 1, got {rows!r}")
-        return rows
-    return max(1, CHUNK_BYTES // (4 * vocab_size))
-
 
 def _part(x: torch.Tensor, head: torch.Tensor, labels: torch.Tensor | None, k: int):
     logits = DFlashDrafter.compute_logits(x, head)  # (n,V) in the autocast / hidden dtype

@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 
 from ..target.corpus import Corpus
-from .online import TokenCorpus
+from ..target.features import TokenCorpus
 
 
 def anchor_positions(response: torch.Tensor) -> torch.Tensor:

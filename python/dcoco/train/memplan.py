@@ -1,7 +1,7 @@
 """Per-rank GPU memory of a `dcoco train` run, estimated from the configs alone (no weights are loaded).
 
-What it counts, as recipe.run, online.TargetFeatures, training.train and the modules they call do it: the target
-kept on the device for online feature capture (bf16 on CUDA, float32 on a CPU; its decoder FSDP2-sharded per
+What it counts, as recipe.run, target.features.TargetFeatures, training.train and the modules they call do it: the
+target kept on the device for online feature capture (bf16 on CUDA, float32 on a CPU; its decoder FSDP2-sharded per
 layer when asked) and its no_grad forward; the embedding and LM head that train() gets and its float32 copies;
 the drafter's and corrector's float32 weights, gradients, AdamW moments (DDP's buckets are the gradients); autocast's
 cached bf16 weight copies; the tensors one micro-batch keeps for backward (drafter layers, or their inputs under
@@ -29,7 +29,7 @@ import torch
 
 from ..corrector import Corrector
 from ..modeling.dflash import DFlashConfig, DFlashDrafter
-from ..modeling.head import chunk_rows
+from ..logit_chunks import chunk_rows
 from ..ops.native import CHUNK_BYTES as NATIVE_CHUNK_BYTES
 from .config import TrainConfig
 
@@ -200,7 +200,7 @@ def estimate(target, drafter: DFlashConfig, cfg: TrainConfig, world: int = 1, se
     """Per-rank memory of `dcoco train` with target (a transformers config), drafter (its DFlashConfig) and cfg,
     on world ranks, with seqs_per_step sequences of seq_len tokens per micro-batch (all padded to seq_len) and
     cfg.anchors anchors each (512 on CUDA, 32 on a CPU when None; at most seq_len - 1). online: the target
-    stays on the device to capture features (online.TargetFeatures; else they come from the corpus, float16);
+    stays on the device to capture features (target.features.TargetFeatures; else they come from the corpus, float16);
     shard_target: its decoder FSDP2-sharded over the ranks. cuda: bf16 autocast and a bf16 target (else float32
     throughout)."""
     _check(target, drafter, cfg, world, seq_len, shard_target, online, cuda, device_bytes)

@@ -1,12 +1,5 @@
-"""Target features captured online: the frozen target runs on every training batch, on each rank for that rank's
-own sequences, instead of a feature cache on disk (at 5 taps x 4096 a cache holds 40 KB per token; SpecForge's
-online mode does the same). The corpus is then token ids only.
-
-The target is frozen and runs under no_grad, so sharding it costs one all-gather per layer and no reduce-scatter:
-with shard=True each decoder layer is an FSDP2 `fully_shard` unit (weights 1/world per rank, one layer gathered at
-a time). FSDP2 is torch's supported sharding for frozen and trained modules alike, works with gloo on a CPU (tested
-there) and leaves the drafter's DDP untouched. Every rank must then run the target equally often: training steps
-do; evaluation pads with `idle()`."""
+"""The target's own answers for online training, generated once and shared by the torchrun ranks (each generates its
+share). The features themselves: target/features.py."""
 
 from __future__ import annotations
 
@@ -14,112 +7,9 @@ import json
 from collections.abc import Sequence
 from pathlib import Path
 
-import torch
 import torch.distributed as dist
 
 from ..target.corpus import generate, token_ids
-from ..modeling.head import chunk_rows
-
-
-LABELS = ("argmax", "corpus")
-
-
-class _LastTap(Exception):
-    """Raised by the last tap's hook to end a forward whose later layers nothing reads."""
-
-
-class TokenCorpus:
-    """Sequences as token ids: ids (T,), response (T,) bool (the answer's tokens), offsets (N+1,)."""
-
-    feature_dim = None  # features come from the target, batch by batch
-
-    def __init__(self, pairs: Sequence[tuple[Sequence[int], Sequence[int]]]):
-        if not pairs or not all(len(p) and len(r) for p, r in pairs):
-            raise ValueError("pairs: expected a non-empty list of (prompt ids, response ids), both non-empty")
-        self.ids = torch.tensor([t for p, r in pairs for t in (*p, *r)], dtype=torch.long)
-        self.response = torch.cat([torch.arange(len(p) + len(r)) >= len(p) for p, r in pairs])
-        self.offsets = [0, *torch.tensor([len(p) + len(r) for p, r in pairs]).cumsum(0).tolist()]
-
-    def __len__(self) -> int:
-        return len(self.offsets) - 1
-
-    def __getitem__(self, i: int) -> dict[str, torch.Tensor]:
-        a, b = self.offsets[i], self.offsets[i + 1]
-        return {"ids": self.ids[a:b], "response": self.response[a:b]}
-
-
-class TargetFeatures:
-    """The frozen target as the drafter's feature source. Called on right-padded ids (N,S), it returns hidden
-    (N,S,F): the outputs of decoder layers layer_ids, concatenated (what output_hidden_states[i + 1] holds), and
-    labels (N,S): labels[:, t] = the target's argmax after tokens < t, labels[:, 0] = ids[:, 0]. Right padding
-    needs no mask: causal attention keeps pads out of every real position.
-
-    model: a transformers causal LM (its decoder runs; its LM head weight makes the labels). shard: FSDP2 over the
-    torchrun group, one unit per decoder layer.
-    labels: "argmax" runs the whole target and takes its argmax; "corpus" takes labels = ids, which on the target's
-    own greedy answers (`dcoco data generate`) is its argmax at every supervised (response) position, and stops the
-    unsharded forward after the last tap: on SmolLM2 (taps up to 27 of 30) that skips 2 layers, the final norm
-    and the 49,152-row head, about a third of the pass. Prompt positions then hold the prompt's own tokens, which
-    no loss reads (anchors and their slots lie in the response)."""
-
-    def __init__(self, model, layer_ids: Sequence[int], device: torch.device, shard: bool = False,
-                 labels: str = "argmax"):
-        if labels not in LABELS:
-            raise ValueError(f"labels: expected one of {LABELS}, got {labels!r}")
-        self.labels = labels
-        self.decoder = model.get_decoder()
-        layers = self.decoder.layers
-        if not layer_ids or max(layer_ids) >= len(layers) - 1 or min(layer_ids) < 0:
-            raise ValueError(f"layer_ids: expected taps in [0, {len(layers) - 1}) of a {len(layers)}-layer target "
-                             f"(the last layer's output is normed), got {list(layer_ids)}")
-        self.layer_ids = list(layer_ids)
-        self.feature_dim = len(layer_ids) * model.config.hidden_size
-        self.head = model.get_output_embeddings().weight.detach().to(device)  # the decoder's dtype
-        self.sharded = shard and dist.is_initialized() and dist.get_world_size() > 1
-        self.decoder.requires_grad_(False).eval()
-        if self.sharded:
-            from torch.distributed.device_mesh import init_device_mesh
-            from torch.distributed.fsdp import fully_shard
-
-            mesh = init_device_mesh(device.type, (dist.get_world_size(),))
-            for layer in layers:
-                fully_shard(layer, mesh=mesh)
-            fully_shard(self.decoder, mesh=mesh)  # the root: embedding and final norm
-        else:
-            self.decoder.to(device)
-        self.device = device
-        self._taps: dict[int, torch.Tensor] = {}
-        # a sharded forward runs to the end: every rank must join every layer's all-gather
-        self._stop_after = max(self.layer_ids) if labels == "corpus" and not self.sharded else None
-        for i in self.layer_ids:  # hooks, not output_hidden_states: only the taps are kept
-            layers[i].register_forward_hook(lambda mod, args, out, i=i: self._tap(i, out))
-
-    def _tap(self, i: int, out) -> None:
-        self._taps[i] = out[0] if isinstance(out, tuple) else out
-        if i == self._stop_after:
-            raise _LastTap
-
-    @torch.no_grad()
-    def __call__(self, ids: torch.Tensor) -> dict[str, torch.Tensor]:
-        ids = ids.to(self.device)
-        if self.labels == "corpus":
-            try:
-                self.decoder(input_ids=ids, use_cache=False)
-            except _LastTap:
-                pass
-            return {"hidden": torch.cat([self._taps.pop(i) for i in self.layer_ids], -1), "labels": ids}
-        last = self.decoder(input_ids=ids, use_cache=False).last_hidden_state   # (N,S,d), normed
-        hidden = torch.cat([self._taps.pop(i) for i in self.layer_ids], -1)
-        x = last[:, :-1].reshape(-1, last.shape[-1])
-        step = chunk_rows(self.head.shape[0])
-        arg = torch.cat([(x[i:i + step] @ self.head.T).argmax(-1) for i in range(0, len(x), step)])
-        labels = torch.cat([ids[:, :1], arg.view(ids.shape[0], -1)], 1)
-        return {"hidden": hidden, "labels": labels}
-
-    def idle(self) -> None:
-        """Join the sharded forward's collectives without data (a rank with no batch while others run one)."""
-        if self.sharded:
-            self(torch.zeros(1, 2, dtype=torch.long))
 
 
 def shared_responses(model, prompt_ids: Sequence[Sequence[int]], folder: Path, settings, progress: bool = True

@@ -17,7 +17,8 @@ from ..target import smollm2
 from ..target.corpus import CorpusSettings, build_corpus, corpus_key, encode_prompts, load_prompts
 from ..target.load import SMOLLM2, load_target
 from . import datagen
-from .online import TargetFeatures, TokenCorpus, shared_responses
+from ..target.features import TargetFeatures, TokenCorpus
+from .online import shared_responses
 from .config import TrainConfig
 from .distributed import init_distributed, resolve_device
 from .training import TrainResult, train
@@ -79,7 +80,7 @@ def run(cfg: TrainConfig, target: str = SMOLLM2, prompts: str | None = None, dat
     """Everything `dcoco train` does. data: a `dcoco data generate` folder to train on instead of answers generated
     here from prompts. init: a DFlash or DCOCO checkpoint, or a hub id, to start from (its config wins over
     layers/target_layer_ids/block_size/mask_token_id).
-    features: "online" runs the frozen target on every batch (online.py), "cache" builds a feature cache first
+    features: "online" runs the frozen target on every batch (target/features.py), "cache" builds a feature cache first
     (under torchrun rank 0 builds it, the others wait), "auto" is online on CUDA, a cache on a CPU. shard_target:
     FSDP2 over the ranks for the online target (needs data: generation runs the whole target on each rank).
     labels: the online target's labels (TargetFeatures): "argmax", or "corpus" for data that holds the target's own

@@ -18,7 +18,7 @@ from torch import nn
 from tqdm import tqdm
 
 from ..target.corpus import Corpus
-from .online import TargetFeatures, TokenCorpus
+from ..target.features import TargetFeatures, TokenCorpus
 from ..corrector import Corrector
 from ..modeling.dflash import DFlashConfig, DFlashDrafter
 from .batches import Schedule, collate, frequent_tokens, sample_anchors
@@ -50,7 +50,7 @@ def train(cfg: TrainConfig, corpus: Corpus | TokenCorpus, embed: torch.Tensor, h
     embedding and LM-head weights.
     drafter: a DFlashDrafter (e.g. checkpoint.load) or a DFlashConfig for a fresh one (seeded). corrector:
     trained in corrector/joint modes (fresh and seeded when None), kept frozen in drafter mode. target: the frozen
-    target that computes each batch's features and labels (online.py), needed by a TokenCorpus."""
+    target that computes each batch's features and labels (target/features.py), needed by a TokenCorpus."""
     _check_inputs(cfg, corpus, drafter, target)
     rank, world = init_distributed(cfg.dist_timeout)
     dev = resolve_device(cfg.device)
@@ -141,7 +141,7 @@ def _check_inputs(cfg, corpus, drafter, target) -> None:
     if not isinstance(cfg, TrainConfig):
         raise TypeError(f"cfg: expected a TrainConfig, got {type(cfg).__name__}")
     if not isinstance(corpus, (Corpus, TokenCorpus)):
-        raise TypeError(f"corpus: expected a dcoco.target.corpus.Corpus or online.TokenCorpus, "
+        raise TypeError(f"corpus: expected a dcoco.target.corpus.Corpus or dcoco.target.features.TokenCorpus, "
                         f"got {type(corpus).__name__}")
     if (target is None) != isinstance(corpus, Corpus):
         raise ValueError("target: a TokenCorpus needs the target (online features), a feature cache must not have it")
