@@ -56,8 +56,8 @@ class TargetFeatures:
     labels: "argmax" runs the whole target and takes its argmax; "corpus" takes labels = ids, which on the target's
     own greedy answers (`dcoco data generate`) is its argmax at every supervised (response) position, and stops the
     unsharded forward after the last tap: on SmolLM2 (taps up to 27 of 30) that skips 2 layers, the final norm
-    and the 49,152-row head (bench/results/online-features/README.md measures both). Prompt positions then hold the prompt's own tokens, which
-    no loss reads (anchors and their slots lie in the response)."""
+    and the 49,152-row head (bench/results/online-features/README.md measures both). Prompt positions then hold
+    the prompt's own tokens, which no loss reads (anchors and their slots lie in the response)."""
 
     def __init__(self, model, layer_ids: Sequence[int], device: torch.device, shard: bool = False,
                  labels: str = "argmax"):
