@@ -103,17 +103,17 @@ class TargetFeatures:
         hooks = [self._layers[i].register_forward_hook(lambda mod, args, out, i=i: self._tap(i, out))
                  for i in self.layer_ids]
         try:
-            if self.labels == "corpus":
-                try:
-                    self.decoder(input_ids=ids, use_cache=False)
-                except _LastTap:
-                    pass
-                return {"hidden": torch.cat([self._taps.pop(i) for i in self.layer_ids], -1), "labels": ids}
-            last = self.decoder(input_ids=ids, use_cache=False).last_hidden_state   # (N,S,d), normed
+            out = self.decoder(input_ids=ids, use_cache=False)
+        except _LastTap:  # labels "corpus", unsharded: nothing after the last tap runs
+            out = None
         finally:
             for h in hooks:
                 h.remove()
         hidden = torch.cat([self._taps.pop(i) for i in self.layer_ids], -1)
+        if self.labels == "corpus":
+            return {"hidden": hidden, "labels": ids}
+        assert out is not None  # only the corpus labels' hook stops the forward
+        last = out.last_hidden_state  # (N,S,d), normed
         x = last[:, :-1].reshape(-1, last.shape[-1])
         step = chunk_rows(self.head.shape[0])
         arg = torch.cat([(x[i:i + step] @ self.head.T).argmax(-1) for i in range(0, len(x), step)])
