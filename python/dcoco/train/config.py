@@ -41,8 +41,9 @@ class TrainConfig:
     warmup: float = _field(0.04, OPTIM, "warmup fraction (%(default)s)", stage=True, resume=True)
     clip: float = _field(1.0, resume=True)
     gamma: float = _field(7.0, OPTIM, "DFlash loss decay: slot k weighs exp(-(k-1)/gamma) (%(default)s)",
-                          resume=True)
-    rho: float = _field(4.0, OPTIM, "L_corr decay: transition p weighs exp(-(p-1)/rho) (%(default)s)", resume=True)
+                          stage=True, resume=True)
+    rho: float = _field(4.0, OPTIM, "L_corr decay: transition p weighs exp(-(p-1)/rho) (%(default)s)",
+                        stage=True, resume=True)
     num_candidates: int = _field(16, OPTIM, "K (%(default)s)", flag="candidates", resume=True)
     width: int = _field(128, OPTIM, "corrector width r (%(default)s)", resume=True)
     mlp_hidden: int = _field(256, OPTIM, "corrector MLP width (%(default)s)", resume=True)
