@@ -1,4 +1,5 @@
-"""The Corrector module: exact parameterisation, initialisation, inference table lifecycle, build info."""
+"""The Corrector module: exact parameterisation, initialisation, inference table lifecycle, the anchor transition
+switched off and its out-of-range anchor off the CPU, build info."""
 
 import os
 import shutil
@@ -8,7 +9,9 @@ import torch
 
 import dcoco
 
-from helpers.cases import make_case
+from dcoco.loss import correction_loss
+
+from helpers.cases import backend_score, make_case
 
 pytestmark = pytest.mark.usefixtures("each_backend")  # every test on both backends
 
@@ -147,3 +150,53 @@ def test_table_only_preparation_needs_no_embedding(dtype):
         m(*case.inputs[:3])
     with pytest.raises(TypeError, match="table_only"):
         m.prepare_inference(case.embed, table_only="yes")
+
+
+@pytest.mark.parametrize("prepared", [False, True], ids=["embed", "table"])
+def test_the_anchor_transition_off_is_the_paper_bit_for_bit(prepared):
+    """anchor_transition=False: score, forward, walk_inputs and the loss without anchor_scores are exactly what a
+    corrector built without the flag gives, and what the backend's op gives."""
+    c = make_case(3, 15, 16, 64, V=300, seed=21)
+    off = dcoco.Corrector(64, num_candidates=16, anchor_transition=False)
+    off.load_state_dict(c.corrector.state_dict())
+    if prepared:
+        off.prepare_inference(c.embed)
+        c.corrector.prepare_inference(c.embed)
+    with torch.no_grad():
+        scores = off.score(*c.inputs)
+        assert torch.equal(scores, c.corrector.score(*c.inputs))
+        if not prepared:
+            assert torch.equal(scores, backend_score(*c.inputs, off.weights()))
+    ranks, tokens = off(*c.inputs)
+    want = c.corrector(*c.inputs)
+    assert torch.equal(ranks, want[0]) and torch.equal(tokens, want[1])
+    first, grid = off.walk_inputs(scores, c.cand_logits)
+    assert first is not None and torch.equal(first, c.cand_logits[:, 0]) and grid is scores
+    target = c.cand_ids[:, :, 2].clone()
+    valid = torch.ones(3, 15, dtype=torch.bool)
+    assert torch.equal(correction_loss(scores, c.cand_ids, target, valid, anchor_scores=None),
+                       correction_loss(scores, c.cand_ids, target, valid))
+
+
+def test_an_out_of_range_anchor_off_the_cpu_is_nan(monkeypatch):
+    """Where a check would sync (CUDA, a compiled graph), the native path clamps the anchor's id and makes its
+    logit NaN, as for any candidate: that block's S_0 is NaN and its walk keeps slot 1 at rank 0; the others are
+    untouched."""
+    if dcoco.get_backend() != "native":
+        pytest.skip("the fused CPU core always checks (IndexError: tests/test_errors.py)")
+    from dcoco.ops import native
+
+    c = make_case(3, 5, 4, 64, V=200, seed=28, anchor=True)
+
+    def first_and_ranks():
+        with torch.no_grad():
+            first = c.corrector.walk_inputs(c.corrector.score(*c.inputs, **c.kw), c.cand_logits)[0]
+        return first, c.corrector(*c.inputs, **c.kw)[0]
+
+    clean_first, clean_ranks = first_and_ranks()
+    monkeypatch.setattr(native, "is_compiling", lambda: True)
+    c.anchor_ids[1] = 200
+    first, ranks = first_and_ranks()
+    assert first[1].isnan().all() and ranks[1, 0] == 0
+    keep = torch.tensor([0, 2])
+    assert torch.equal(first[keep], clean_first[keep]) and torch.equal(ranks[keep], clean_ranks[keep])

@@ -83,12 +83,53 @@ def test_more_candidates_than_the_compiled_maximum():
         dcoco.Corrector(64, num_candidates=K)
 
 
-@pytest.mark.parametrize("kw,msg", [(dict(hidden_size=0), "hidden_size"), (dict(hidden_size=64, width=1), "width"),
-                                    (dict(hidden_size=64, mlp_hidden=0), "mlp_hidden"),
-                                    (dict(hidden_size=64.0), "hidden_size")])
-def test_bad_corrector_configuration(kw, msg):
-    with pytest.raises(ValueError, match=msg):
+@pytest.mark.parametrize("kw,exc,msg", [(dict(hidden_size=0), ValueError, "hidden_size"),
+                                        (dict(hidden_size=64, width=1), ValueError, "width"),
+                                        (dict(hidden_size=64, mlp_hidden=0), ValueError, "mlp_hidden"),
+                                        (dict(hidden_size=64.0), ValueError, "hidden_size"),
+                                        (dict(hidden_size=64, anchor_transition=1), TypeError,
+                                         "anchor_transition: expected a bool")])
+def test_bad_corrector_configuration(kw, exc, msg):
+    with pytest.raises(exc, match=msg):
         dcoco.Corrector(**kw)
+
+
+BAD_ANCHOR = [
+    # (name, call on an anchor case c, exception, message pattern)
+    ("missing", lambda c: c.corrector(*c.inputs), ValueError, "anchor_ids: the anchor transition is on"),
+    ("missing in score", lambda c: c.corrector.score(*c.inputs), ValueError, "anchor_ids: the anchor transition is on"),
+    ("given when off", lambda c: c.plain(c.hidden[:, 1:], *c.inputs[1:], **c.kw), ValueError,
+     "anchor_ids: this corrector has no anchor transition"),
+    ("given when off, score", lambda c: c.plain.score(c.hidden[:, 1:], *c.inputs[1:], **c.kw), ValueError,
+     "anchor_ids: this corrector has no anchor transition"),
+    ("a list", lambda c: c.corrector(*c.inputs, anchor_ids=c.anchor_ids.tolist()), TypeError,
+     "anchor_ids: expected a torch.Tensor"),
+    ("float", lambda c: c.corrector(*c.inputs, anchor_ids=c.anchor_ids.float()), TypeError,
+     "anchor_ids: expected int32 or int64"),
+    ("bool", lambda c: c.corrector.score(*c.inputs, anchor_ids=c.anchor_ids > 0), TypeError,
+     "anchor_ids: expected int32 or int64"),
+    ("(R,1)", lambda c: c.corrector(*c.inputs, anchor_ids=c.anchor_ids[:, None]), ValueError,
+     r"anchor_ids: expected .*\(2,\)"),
+    ("(R+1,)", lambda c: c.corrector.score(*c.inputs, anchor_ids=torch.cat([c.anchor_ids, c.anchor_ids])),
+     ValueError, r"anchor_ids: expected .*\(2,\)"),
+    ("device", lambda c: c.corrector(*c.inputs, anchor_ids=c.anchor_ids.to("meta")), ValueError,
+     "anchor_ids: expected .* on cpu"),
+    ("hidden (R,B,d)", lambda c: c.corrector(c.hidden[:, 1:], *c.inputs[1:], **c.kw), ValueError,
+     r"hidden: .*\(R,B\+1,d\)"),
+    ("hidden (R,B+2,d)", lambda c: c.corrector.score(torch.cat([c.hidden, c.hidden[:, :1]], 1), *c.inputs[1:],
+                                                     **c.kw), ValueError, r"hidden: .*\(R,B\+1,d\)"),
+    ("hidden 2-D", lambda c: c.corrector(c.hidden[0], *c.inputs[1:], **c.kw), ValueError, "hidden: "),
+    ("cand_ids 2-D", lambda c: c.corrector(c.hidden, c.cand_ids[0], *c.inputs[2:], **c.kw), ValueError,
+     "cand_ids: expected 3 dimensions"),
+    ("anchor id out of range", lambda c: c.corrector(*c.inputs, anchor_ids=torch.tensor([3, 200])), IndexError,
+     r"anchor_ids\[1\] = 200 is outside \[0, V=200\)"),
+]
+
+
+@pytest.mark.parametrize("name,call,exc,msg", BAD_ANCHOR, ids=[b[0] for b in BAD_ANCHOR])
+def test_bad_anchor_input_is_named(name, call, exc, msg):
+    with pytest.raises(exc, match=msg):
+        call(make_case(2, 4, 3, 32, V=200, seed=25, anchor=True))
 
 
 def test_cuda_tensors_without_a_cuda_kernel_raise_clearly(case):

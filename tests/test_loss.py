@@ -1,5 +1,6 @@
-"""correction_loss (docs/spec.md, "Training"; the paper's eq. 9): hand-computed values, weights and Z, label
-dropping, gradients."""
+"""correction_loss (docs/spec.md, "Training"; the paper's eq. 9, and the anchor transition's p = 0 term):
+hand-computed values, weights and Z, label dropping, a literal float64 loop on random grids, named errors. Its
+gradients, through score and walk_inputs: tests/ops/test_grad.py."""
 
 from __future__ import annotations
 
@@ -9,6 +10,8 @@ import pytest
 import torch
 
 from dcoco.loss import correction_loss
+
+from helpers.cases import draw_labels
 
 
 def lse(*xs: float) -> float:
@@ -101,15 +104,67 @@ def test_dropped_minus_inf_stays_finite():
     assert loss.item() == pytest.approx(math.log(4), rel=1e-6)
 
 
-def test_gradcheck_float64():
-    g = torch.Generator().manual_seed(2)
-    R, B, K = 2, 4, 3
-    scores = torch.randn(R, B - 1, K, K, generator=g, dtype=torch.float64, requires_grad=True)
-    cand = torch.stack([torch.randperm(10, generator=g)[:K] for _ in range(R * B)]).view(R, B, K)
-    target = cand[:, :, 1].clone()
-    target[0, 2] = 99
-    valid = torch.tensor([[True] * 4, [True, True, True, False]])
-    assert torch.autograd.gradcheck(lambda s: correction_loss(s, cand, target, valid, rho=3.0), (scores,))
+def literal_loss(first, grid, cand_ids, target, valid, rho):
+    """L_corr written out, loops over blocks and slots in float64; first: the anchor term's S_0, or None."""
+    R, T, K, _ = grid.shape
+    total, Z = 0.0, 0.0
+    for q in range(R):
+        rank = [next((k for k in range(K) if int(cand_ids[q, j, k]) == int(target[q, j])), None) for j in range(T + 1)]
+        ok = [rank[j] is not None and bool(valid[q, j]) for j in range(T + 1)]
+        if first is not None and ok[0]:  # p = 0: w_0 = 1, a softmax over slot 1's K candidates
+            total += float(first[q, rank[0]]) - lse(*(float(x) for x in first[q]))
+            Z += 1.0
+        for p in range(T):  # p + 1 = 1..B-1: the paper's terms
+            if ok[p] and ok[p + 1]:
+                w = math.exp(-p / rho)
+                cells = [float(x) for x in grid[q, p].reshape(-1)]
+                total += w * (cells[rank[p] * K + rank[p + 1]] - lse(*cells))
+                Z += w
+    return -total / max(1.0, Z)
+
+
+@pytest.mark.parametrize("anchor", [False, True], ids=["paper", "anchor"])
+@pytest.mark.parametrize("R,B,K,rho", [(6, 5, 4, 4.0), (3, 15, 16, 2.5), (8, 2, 1, 4.0), (1, 15, 16, 4.0)])
+def test_random_grids_against_the_literal(R, B, K, rho, anchor):
+    g = torch.Generator().manual_seed(R + B + K)
+    first, grid = torch.randn(R, K, generator=g) * 2, torch.randn(R, B - 1, K, K, generator=g) * 2
+    cand_ids = torch.stack([torch.randperm(300, generator=g)[:K] for _ in range(R * B)]).view(R, B, K)
+    target, valid = draw_labels(cand_ids, g)
+    got = correction_loss(grid.double(), cand_ids, target, valid, rho,
+                          anchor_scores=first.double() if anchor else None)
+    assert got.dtype == torch.float64
+    want = literal_loss(first.double() if anchor else None, grid.double(), cand_ids, target, valid, rho)
+    assert got.item() == pytest.approx(want, rel=1e-12, abs=1e-12)
+    if anchor:
+        in32 = correction_loss(grid, cand_ids, target, valid, rho, anchor_scores=first.bfloat16())
+        assert in32.dtype == torch.float32  # float32 at least, whatever the anchor scores' dtype
+        want16 = literal_loss(first.bfloat16().double(), grid.double(), cand_ids, target, valid, rho)
+        assert in32.item() == pytest.approx(want16, rel=1e-5, abs=1e-6)
+
+
+def test_m0_masks_and_z_counts_the_anchor_term():
+    """Slot 1 invalid or its label absent drops the term (slot 2 does not matter to it); a kept term adds w_0 = 1
+    to Z, so one transition (w_1 = 1) and the anchor term average over Z = 2, not 1."""
+    g = torch.Generator().manual_seed(3)
+    first, grid = torch.randn(1, 3, generator=g).double(), torch.randn(1, 1, 3, 3, generator=g).double()
+    cand = torch.tensor([[[4, 5, 6], [7, 8, 9]]])
+    valid = torch.ones(1, 2, dtype=torch.bool)
+    logp0 = torch.log_softmax(first[0], 0)[2].item()
+    logp1 = torch.log_softmax(grid[0, 0].reshape(-1), 0)[2 * 3 + 1].item()
+
+    def loss(t, v):
+        return correction_loss(grid, cand, torch.tensor([t]), v, anchor_scores=first).item()
+
+    assert loss([6, 8], valid) == pytest.approx(-(logp0 + logp1) / 2, rel=1e-12)
+    assert loss([6, 99], valid) == pytest.approx(-logp0, rel=1e-12)  # slot 2 absent: the anchor term alone, Z = 1
+    assert loss([99, 8], valid) == 0.0  # slot 1 absent: nothing supervised
+    assert loss([6, 8], torch.tensor([[False, True]])) == 0.0  # slot 1 invalid
+    assert loss([6, 8], torch.tensor([[True, False]])) == pytest.approx(-logp0, rel=1e-12)
+    assert correction_loss(grid, cand, torch.tensor([[6, 8]]), valid).item() == pytest.approx(-logp1, rel=1e-12)
+    # the first match of a repeated label, as for the transitions
+    rep = torch.tensor([[[4, 6, 6], [7, 8, 9]]])
+    want = -torch.log_softmax(first[0], 0)[1].item()
+    assert correction_loss(grid, rep, torch.tensor([[6, 99]]), valid, anchor_scores=first).item() == pytest.approx(want)
 
 
 def test_dtype_promotion():
@@ -131,6 +186,12 @@ def test_dtype_promotion():
     (dict(valid=torch.ones(2, 2, dtype=torch.bool)), ValueError, "valid"),
     (dict(rho=0.0), ValueError, "rho"),
     (dict(rho=float("nan")), ValueError, "rho"),
+    (dict(anchor_scores=torch.randn(1, 3)), ValueError, r"anchor_scores: expected shape \(1, 2\)"),
+    (dict(anchor_scores=torch.randn(2, 2)), ValueError, r"anchor_scores: expected shape \(1, 2\)"),
+    (dict(anchor_scores=torch.randn(1, 2, 1)), ValueError, "anchor_scores: expected 2 dimensions"),
+    (dict(anchor_scores=torch.randn(1, 2, device="meta")), ValueError, "anchor_scores: expected .* on cpu"),
+    (dict(anchor_scores=torch.zeros(1, 2, dtype=torch.int64)), TypeError, "anchor_scores: expected"),
+    (dict(anchor_scores=[[0.0, 0.0]]), TypeError, "anchor_scores: expected a torch.Tensor"),
 ])
 def test_argument_errors(kwargs, exc, name):
     args = dict(scores=torch.zeros(1, 1, 2, 2), cand_ids=torch.zeros(1, 2, 2, dtype=torch.long),

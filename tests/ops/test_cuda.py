@@ -7,8 +7,7 @@ import torch
 
 import dcoco
 
-from helpers.anchor import anchored, make_anchor_case
-from helpers.cases import assert_walk_matches, backend_score, make_case
+from helpers.cases import backend_score, check_against_literal, make_case
 
 pytestmark = [pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device; none on this machine"),
               pytest.mark.usefixtures("each_backend")]
@@ -17,6 +16,8 @@ pytestmark = [pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a 
 def to_cuda(case):
     case.corrector.cuda()
     case.hidden, case.cand_ids, case.cand_logits, case.embed = (t.cuda() for t in case.inputs)
+    if case.anchor_ids is not None:
+        case.anchor_ids = case.anchor_ids.cuda()
     return case
 
 
@@ -34,39 +35,17 @@ def tolerance(dtype, path):
     return 1e-5 if dtype == torch.float32 or path == "simt" else 1e-4
 
 
-def check_forward(R, d, dtype, table, path=""):
-    case = to_cuda(make_case(R, 15, 16, d, V=1000, dtype=dtype, seed=R * 7 + d))
+def check_forward(R, d, dtype, table, path="", anchor=False):
+    """score, walk_inputs and the walk on B = 15 slots (with the anchor transition B+1 = 16, as the plugin runs
+    it at N = 15) against the float64 literal."""
+    case = to_cuda(make_case(R, 15, 16, d, V=1000, dtype=dtype, seed=R * (11 if anchor else 7) + d, anchor=anchor))
     if table:
         case.corrector.prepare_inference(case.embed)
-    s64 = case.ref_scores().cpu()
-    scale = s64.abs().max().item() + 1.0
-    tol = tolerance(dtype, path)
-    scores = case.corrector.score(*case.inputs)
-    torch.testing.assert_close(scores.double().cpu(), s64, rtol=tol, atol=2 * tol * scale)
-    ranks, tokens = case.corrector(*case.inputs)
-    assert_walk_matches(ranks.cpu(), s64, case.cand_logits[:, 0].cpu(), atol=10 * tol * scale)
-    assert torch.equal(tokens, torch.gather(case.cand_ids.long(), 2, ranks[..., None])[..., 0])
+    check_against_literal(case, tolerance(dtype, path), same_walk=False)
 
 
 def check_anchor(R, d, dtype, table, path=""):
-    """The anchor transition (docs/spec.md) on B+1 = 16 slots, as the plugin runs it at N = 15: S_0, the grid and
-    the greedy walk from the anchor against the float64 literal."""
-    c = make_anchor_case(R, 15, 16, d, V=1000, dtype=dtype, seed=R * 11 + d)
-    f64, g64 = c.ref_first(), c.ref_grid()
-    c.corrector.cuda()
-    c.hidden, c.cand_ids, c.cand_logits, c.embed, c.anchor_ids = (
-        t.cuda() for t in (*c.inputs, c.anchor_ids))
-    if table:
-        c.corrector.prepare_inference(c.embed)
-    scale = max(f64.abs().max().item(), g64.abs().max().item()) + 1.0
-    tol = tolerance(dtype, path)
-    first, grid = c.corrector.walk_inputs(c.corrector.score(*c.inputs, anchor_ids=c.anchor_ids), c.cand_logits)
-    torch.testing.assert_close(first.double().cpu(), f64, rtol=tol, atol=2 * tol * scale)
-    torch.testing.assert_close(grid.double().cpu(), g64, rtol=tol, atol=2 * tol * scale)
-    ranks, tokens = c.corrector(*c.inputs, anchor_ids=c.anchor_ids)
-    walk = torch.cat([torch.zeros(R, 1, dtype=torch.int64), ranks.cpu()], 1)  # from the anchor's one candidate
-    assert_walk_matches(walk, anchored(f64, g64), torch.zeros(R, 16), atol=10 * tol * scale)
-    assert torch.equal(tokens, torch.gather(c.cand_ids.long(), 2, ranks[..., None])[..., 0])
+    check_forward(R, d, dtype, table, path, anchor=True)
 
 
 # (check, R, d): the paper's corrector over every width and batch, the anchor transition on three of them

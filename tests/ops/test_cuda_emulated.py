@@ -16,7 +16,6 @@ import torch
 from dcoco.ops import fused
 from dcoco.ops.checks import RULES
 
-from helpers.anchor import anchored, make_anchor_case
 from helpers.cases import assert_walk_matches, make_case
 from helpers.emulate import build
 
@@ -127,10 +126,9 @@ def test_emulated_kernel_runs_the_anchor_transition(runner, tmp_path, R, B, K, d
     """The anchor transition's B+1 slots (docs/spec.md, "Anchor transition": slot 0 holds K copies of the anchor,
     logits 0, as Corrector._slots builds them) through the unchanged kernel at every cap: S_0 in every row of the
     anchor's grid, S_1.. after it, and the greedy walk from the anchor, against the float64 literal."""
-    c = make_anchor_case(R, B, K, d, V=200, dtype=dtype, seed=R + B + K + d + 2)
+    c = make_case(R, B, K, d, V=200, dtype=dtype, seed=R + B + K + d + 2, anchor=True)
     tab = c.corrector.prepare_inference(c.embed) if table else None
-    f64, g64 = c.ref_first(), c.ref_grid()
-    want = anchored(f64, g64)
+    _, want, _ = c.core_walk(torch.zeros(R, B, dtype=torch.int64), c.ref_first(), c.ref_scores())
     scale = want.abs().max().item() + 1.0
     for scores in (True, False):  # the whole grid, then the walk alone
         out = run_kernel(runner, tmp_path, c.slots(), tab, scores=scores, cap=CAPS[cap])

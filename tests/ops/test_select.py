@@ -1,4 +1,5 @@
-"""The three selection rules vs brute-force path search on small grids."""
+"""The three selection rules against the brute force over all K^B paths (dcoco.testing.reference.best_path) and
+the greedy literal loop; the sampled walk's law; ties, NaN and inf; named errors."""
 
 import itertools
 import math
@@ -11,25 +12,6 @@ from dcoco.testing import reference as ref
 from dcoco.ops.select import sample
 
 pytestmark = pytest.mark.usefixtures("each_backend")  # every test on both backends
-
-
-def brute_force(scores, first, lam):
-    """Every path, valued first[k_1] + sum_p lam^p S_p(k_p, k_{p+1}) in float64; ties: lowest ranks at the
-    earliest slot (lexicographic order of the rank tuple), NaN values lose."""
-    R, T, K, _ = scores.shape
-    out = []
-    for q in range(R):
-        best, best_path = None, None
-        for path in itertools.product(range(K), repeat=T + 1):  # lexicographic order
-            v = float(first[q, path[0]])
-            for p in range(T):
-                v += lam ** p * float(scores[q, p, path[p], path[p + 1]])
-            if math.isnan(v):
-                continue
-            if best is None or v > best:
-                best, best_path = v, path
-        out.append(best_path if best_path is not None else (0,) * (T + 1))
-    return torch.tensor(out, dtype=torch.int64)
 
 
 def path_value(scores, first, ranks, lam):
@@ -47,7 +29,7 @@ def test_path_rules_find_the_best_path(R, B, K, rule, lam):
     scores = torch.randn(R, B - 1, K, K, generator=g)
     first = torch.randn(R, K, generator=g)
     ranks = dcoco.select(scores, first, rule, lam)
-    best = brute_force(scores, first, 1.0 if rule == "global" else lam)
+    best = ref.best_path(scores, first, 1.0 if rule == "global" else lam)
     # the same path, or (float rounding of a near tie) one of the same value
     same = (ranks == best).all(1)
     torch.testing.assert_close(path_value(scores, first, ranks, lam if rule == "geometric" else 1.0)[~same],
@@ -87,7 +69,7 @@ def test_ties_go_to_the_lower_rank(rule):
     if rule == "greedy":
         assert torch.equal(ranks, ref.greedy(scores, first))
     else:
-        assert torch.equal(ranks, brute_force(scores, first, 1.0 if rule == "global" else 0.5))
+        assert torch.equal(ranks, ref.best_path(scores, first, 1.0 if rule == "global" else 0.5))
     flat = dcoco.select(torch.zeros(2, 4, 5, 5), torch.zeros(2, 5), rule)
     assert torch.equal(flat, torch.zeros(2, 5, dtype=torch.int64))
 
@@ -244,6 +226,6 @@ def test_a_geometric_lam_beyond_float32_is_refused():
     # 1e-12 of the last one's, are below it: they only break ties)
     s, f = torch.randn(8, 3, 3, 3), torch.randn(8, 3)
     torch.testing.assert_close(path_value(s, f, dcoco.select(s, f, "geometric", 1e6), 1e6),
-                               path_value(s, f, brute_force(s, f, 1e6), 1e6), rtol=1e-6, atol=0)
+                               path_value(s, f, ref.best_path(s, f, 1e6), 1e6), rtol=1e-6, atol=0)
     with pytest.raises(TypeError, match="lam: expected a number, got None"):
         dcoco.select(s, f, "geometric", None)
