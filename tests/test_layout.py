@@ -22,8 +22,8 @@ MAX_LINES, MAX_FUNCTION_LINES = 450, 80
 EXTRAS = {"ops": (), "top": (), "modeling": (), "dcoco": (), "target": ("train",), "train": ("train",),
           "specdec": ("train",), "cli": ("train", "demo", "bench"), "serve": (), "benchmark": ("bench",),
           "testing": ("test",)}
-MODULE_EXTRAS = {"dcoco.serve.vllm_model": ("vllm",), "dcoco.plots": ("demo", "bench"),
-                 "dcoco.chat": ("train", "bench")}
+MODULE_EXTRAS = {"dcoco.serve.vllm_model": ("vllm",), "dcoco.serve.vllm_tp": ("vllm",),
+                 "dcoco.plots": ("demo", "bench"), "dcoco.chat": ("train", "bench")}
 # distributions installed by one that dcoco declares
 COMES_WITH = {"tokenizers": "transformers", "huggingface-hub": "transformers"}
 

@@ -131,16 +131,16 @@ def gather_check(worker, rows: int) -> bool:
     """The embedding gathered again in chunks of `rows` rows per shard (every rank at once) gives the table the
     corrector holds."""
     from dcoco.ops import native
-    from dcoco.serve import vllm_model
+    from dcoco.serve import vllm_tp
 
-    m, keep = _drafter(worker), vllm_model.GATHER_ROWS
-    vllm_model.GATHER_ROWS = rows
+    m, keep = _drafter(worker), vllm_tp.GATHER_ROWS
+    vllm_tp.GATHER_ROWS = rows
     try:
         c = m.corrector
-        want = native.cand_table(m._full_embedding(m.model.embed_tokens), c.cand_proj.weight, c.fuse_proj.weight)
+        want = native.cand_table(vllm_tp.full_embedding(m.model.embed_tokens), c.cand_proj.weight, c.fuse_proj.weight)
         return bool(torch.allclose(want, c._prepared.table, atol=1e-5))
     finally:
-        vllm_model.GATHER_ROWS = keep
+        vllm_tp.GATHER_ROWS = keep
 
 
 def padded_check(worker, requests: int, padded: int, seed: int = 0) -> dict:

