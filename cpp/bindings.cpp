@@ -30,6 +30,14 @@ WeightsOf<T> weights_from(const std::vector<uintptr_t>& a) {
           ptr<T>(a[5]), ptr<T>(a[6]), ptr<T>(a[7]), ptr<T>(a[8]), ptr<T>(a[9])};
 }
 
+template <class T>
+WeightGradsOf<T> weight_grads_from(const std::vector<uintptr_t>& a) {
+  if (a.empty()) return {};
+  if (a.size() != 10) throw std::invalid_argument("d_weights: expected 10 pointers");
+  auto out = [&](int i) { return reinterpret_cast<T*>(a[i]); };
+  return {out(0), out(1), out(2), out(3), out(4), out(5), out(6), out(7), out(8), out(9)};
+}
+
 // The dtype and rule codes Python passes, checked against the enums (exported as _C.DType and _C.Rule).
 DType float_dtype(int code, const char* name) {
   const auto t = DType(code);
@@ -75,7 +83,6 @@ GradParams<T> grad_params(const std::vector<int64_t>& sizes, uintptr_t hidden, i
                           int ids_dtype, uintptr_t logits, int logits_dtype, uintptr_t embed, int embed_dtype,
                           const std::vector<uintptr_t>& weights, uintptr_t grad, uintptr_t scores, uintptr_t d_hidden,
                           uintptr_t d_logits, const std::vector<uintptr_t>& d_weights) {
-  if (!d_weights.empty() && d_weights.size() != 10) throw std::invalid_argument("d_weights: expected 10 pointers");
   GradParams<T> p;
   set_inputs(p, sizes, hidden, hidden_dtype, ids, ids_dtype, logits, logits_dtype, embed, embed_dtype);
   p.w = weights_from<T>(weights);
@@ -83,7 +90,7 @@ GradParams<T> grad_params(const std::vector<int64_t>& sizes, uintptr_t hidden, i
   p.scores = reinterpret_cast<T*>(scores);
   p.d_hidden = reinterpret_cast<T*>(d_hidden);
   p.d_logits = reinterpret_cast<T*>(d_logits);
-  for (size_t i = 0; i < d_weights.size(); ++i) p.d_w[i] = reinterpret_cast<T*>(d_weights[i]);
+  p.d_w = weight_grads_from<T>(d_weights);
   return p;
 }
 

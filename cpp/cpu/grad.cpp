@@ -8,7 +8,9 @@
 //   pred = W1_a z + w_la l   succ = W1_b z + w_lb l   u_p = W1_s (P_p + Q_{p+1}) + b1
 //   S_p(a,b) = l_{p+1}(b) + b2 + w2 . gelu(u_p + pred_pa + succ_{p+1,b})
 #include <algorithm>
+#include <iterator>
 #include <type_traits>
+#include <utility>
 #include <vector>
 
 #include "common.h"
@@ -119,17 +121,20 @@ void run(const GradParams<T>& p) {
   require(p.R >= 0 && p.B >= 1 && p.K >= 1 && p.d >= 1 && p.V >= 1 && p.r >= 2 && p.H >= 1,
           "dcoco.score_grad: bad sizes");
   require(p.hidden && p.cand_ids && p.cand_logits && p.embed && (p.scores || p.grad), "dcoco.score_grad: null input");
-  require(!p.grad || (p.d_hidden && p.d_logits && std::all_of(p.d_w, p.d_w + 10, [](T* x) { return x; })),
-          "dcoco.score_grad: gradient outputs missing");
   const int64_t R = p.R, B = p.B, K = p.K, d = p.d, r = p.r, H = p.H, in = 3 * r + 2;
   const int64_t S = R * B, C = S * K, Tn = R * (B - 1);  // slots, candidates, transitions
   const WeightsOf<T>& w = p.w;
-  T* const* dw = p.d_w;
-  const int64_t wsize[10] = {r * d, r * d, 2 * r * r, r, r, 2 * r * d, H * in, H, H, 1};
+  const WeightGradsOf<T>& dw = p.d_w;
+  const std::pair<T*, int64_t> weight_grads[] = {  // each gradient output and its size
+      {dw.cand_proj, r * d}, {dw.ctx_proj, r * d}, {dw.fuse_proj, 2 * r * r}, {dw.fuse_gamma, r},
+      {dw.fuse_beta, r},     {dw.pair_proj, 2 * r * d}, {dw.w1, H * in}, {dw.b1, H}, {dw.w2, H}, {dw.b2, 1}};
+  require(!p.grad || (p.d_hidden && p.d_logits &&
+                      std::all_of(std::begin(weight_grads), std::end(weight_grads), [](auto g) { return g.first; })),
+          "dcoco.score_grad: gradient outputs missing");
   if (p.grad) {
     std::fill(p.d_hidden, p.d_hidden + S * d, T(0));
     std::fill(p.d_logits, p.d_logits + C, T(0));
-    for (int i = 0; i < 10; ++i) std::fill(dw[i], dw[i] + wsize[i], T(0));
+    for (auto [out, size] : weight_grads) std::fill(out, out + size, T(0));
   }
   if (Tn == 0) return;
   const std::vector<int64_t> ids = checked_ids(p.cand_ids, p.ids_dtype, R, B, K, p.V);
@@ -220,7 +225,7 @@ void run(const GradParams<T>& p) {
   parallel_for(r, [&](int64_t o) {
     T dg = 0, db = 0;
     for (int64_t c = 0; c < C; ++c) dg += dz[c * r + o] * zhat[c * r + o], db += dz[c * r + o];
-    dw[3][o] = dg, dw[4][o] = db;
+    dw.fuse_gamma[o] = dg, dw.fuse_beta[o] = db;
   });
   // fusion: zc = W_fuse_b b^ + W_fuse_g g^ (g^ shared by the slot's K candidates)
   T *db = sc.zeros(C * r), *dbc = sc.raw(C * r), *dzs = sc.zeros(S * r), *dg = sc.zeros(S * r), *dgc = sc.raw(S * r);
@@ -247,25 +252,25 @@ void run(const GradParams<T>& p) {
     nn(m, d, r, &dQ[i0 * r], r, w.pair_proj + d, 2 * d, p.d_hidden + i0 * d, d);
   });
   // weights: outer products summed over rows
-  weight_grad(C, r, d, dbc, r, embed_rows, dw[0], d);
-  weight_grad(S, r, d, dgc, r, dense(h, d), dw[1], d);
-  weight_grad(C, r, r, dzc, r, dense(b, r), dw[2], 2 * r);
-  weight_grad(S, r, r, dzs, r, dense(g, r), dw[2] + r, 2 * r);
-  weight_grad(S, r, d, dP, r, dense(h, d), dw[5], 2 * d);
-  weight_grad(S, r, d, dQ, r, dense(h, d), dw[5] + d, 2 * d);
-  weight_grad(Tn, H, r, du, H, dense(s, r), dw[6], in);
-  weight_grad(C, H, r, dpred, H, dense(z, r), dw[6] + r, in);
-  weight_grad(C, H, r, dsucc, H, dense(z, r), dw[6] + 2 * r, in);
-  weight_grad(C, H, 1, dpred, H, dense(l, 1), dw[6] + 3 * r, in);
-  weight_grad(C, H, 1, dsucc, H, dense(l, 1), dw[6] + 3 * r + 1, in);
+  weight_grad(C, r, d, dbc, r, embed_rows, dw.cand_proj, d);
+  weight_grad(S, r, d, dgc, r, dense(h, d), dw.ctx_proj, d);
+  weight_grad(C, r, r, dzc, r, dense(b, r), dw.fuse_proj, 2 * r);
+  weight_grad(S, r, r, dzs, r, dense(g, r), dw.fuse_proj + r, 2 * r);
+  weight_grad(S, r, d, dP, r, dense(h, d), dw.pair_proj, 2 * d);
+  weight_grad(S, r, d, dQ, r, dense(h, d), dw.pair_proj + d, 2 * d);
+  weight_grad(Tn, H, r, du, H, dense(s, r), dw.w1, in);
+  weight_grad(C, H, r, dpred, H, dense(z, r), dw.w1 + r, in);
+  weight_grad(C, H, r, dsucc, H, dense(z, r), dw.w1 + 2 * r, in);
+  weight_grad(C, H, 1, dpred, H, dense(l, 1), dw.w1 + 3 * r, in);
+  weight_grad(C, H, 1, dsucc, H, dense(l, 1), dw.w1 + 3 * r + 1, in);
   parallel_for(H, [&](int64_t j) {
     T b1 = 0, w2 = 0;
     for (int64_t t = 0; t < Tn; ++t) b1 += du[t * H + j], w2 += dw2[t * H + j];
-    dw[7][j] = b1, dw[8][j] = w2;
+    dw.b1[j] = b1, dw.w2[j] = w2;
   });
   T b2 = 0;
   for (int64_t i = 0; i < Tn * K * K; ++i) b2 += p.grad[i];
-  dw[9][0] = b2;
+  dw.b2[0] = b2;
 }
 
 }  // namespace

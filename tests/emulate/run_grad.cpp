@@ -24,7 +24,9 @@ int main(int argc, char** argv) {
   std::vector<float> d_hidden(S * d, nan), d_logits(S * p.K, nan);
   const int64_t wsize[10] = {r * d, r * d, 2 * r * r, r, r, 2 * r * d, H * (3 * r + 2), H, H, 1};
   std::vector<std::vector<float>> d_w;
-  for (int i = 0; i < 10; ++i) d_w.emplace_back(wsize[i], nan), p.d_w[i] = d_w[i].data();
+  for (int i = 0; i < 10; ++i) d_w.emplace_back(wsize[i], nan);
+  p.d_w = {d_w[0].data(), d_w[1].data(), d_w[2].data(), d_w[3].data(), d_w[4].data(),
+           d_w[5].data(), d_w[6].data(), d_w[7].data(), d_w[8].data(), d_w[9].data()};  // in WeightPtrs order
   p.d_hidden = d_hidden.data(), p.d_logits = d_logits.data();
   std::vector<float> workspace(dcoco::cuda::grad_workspace_size(p), nan);
   p.workspace = workspace.data();

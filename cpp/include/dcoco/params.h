@@ -9,20 +9,25 @@ namespace dcoco {
 
 constexpr int kMaxCandidates = 64;  // compiled maximum K (walk scratch lives in registers/smem)
 
-// Corrector weights in nn.Linear layout (out,in); float32 for inference, T for training.
-template <class T>
-struct WeightsOf {
-  const T* cand_proj = nullptr;  // (r,d)    W_cand
-  const T* ctx_proj = nullptr;   // (r,d)    W_ctx
-  const T* fuse_proj = nullptr;  // (r,2r)   W_fuse, input [b ; g]
-  const T* fuse_gamma = nullptr; // (r)
-  const T* fuse_beta = nullptr;  // (r)
-  const T* pair_proj = nullptr;  // (r,2d)   W_pair, input [h_p ; h_{p+1}]
-  const T* w1 = nullptr;         // (H,3r+2) input [s ; z_a ; z_b ; l_a ; l_b]
-  const T* b1 = nullptr;         // (H)
-  const T* w2 = nullptr;         // (H)
-  const T* b2 = nullptr;         // (1)
+// The corrector's ten weights in nn.Linear layout (out,in), one pointer each, in the order Python passes them:
+// P is const T* for the weights (float32 for inference, T for training) and T* for their gradients.
+template <class P>
+struct WeightPtrs {
+  P cand_proj = nullptr;   // (r,d)    W_cand
+  P ctx_proj = nullptr;    // (r,d)    W_ctx
+  P fuse_proj = nullptr;   // (r,2r)   W_fuse, input [b ; g]
+  P fuse_gamma = nullptr;  // (r)
+  P fuse_beta = nullptr;   // (r)
+  P pair_proj = nullptr;   // (r,2d)   W_pair, input [h_p ; h_{p+1}]
+  P w1 = nullptr;          // (H,3r+2) input [s ; z_a ; z_b ; l_a ; l_b]
+  P b1 = nullptr;          // (H)
+  P w2 = nullptr;          // (H)
+  P b2 = nullptr;          // (1)
 };
+template <class T>
+using WeightsOf = WeightPtrs<const T*>;
+template <class T>
+using WeightGradsOf = WeightPtrs<T*>;
 using Weights = WeightsOf<float>;
 
 // Score and/or walk one batch of drafted blocks.
@@ -69,7 +74,7 @@ struct GradParams {
   T* scores = nullptr;       // (R,B-1,K,K) out, optional
   T* d_hidden = nullptr;     // (R,B,d) out, with grad
   T* d_logits = nullptr;     // (R,B,K) out, with grad
-  T* d_w[10] = {};           // out, with grad: the weights in WeightsOf order
+  WeightGradsOf<T> d_w;      // out, with grad
   // CUDA only (float): a float workspace of cuda::grad_workspace_size(*this), a torch allocation, and the
   // stream to launch on.
   T* workspace = nullptr;
