@@ -1,5 +1,6 @@
-"""The Corrector module: exact parameterisation, initialisation, inference table lifecycle, the anchor transition
-switched off and its out-of-range anchor off the CPU, build info."""
+"""The Corrector module: exact parameterisation, initialisation, the inference table's lifecycle and its faults
+(inference mode, a stale or replaced weight, `.data` writes), the anchor transition switched off, its anchor ids
+never narrowed and out of range off the CPU, build info."""
 
 import os
 import shutil
@@ -8,10 +9,12 @@ import pytest
 import torch
 
 import dcoco
+from dcoco import Corrector
 
 from dcoco.loss import correction_loss
 
 from helpers.cases import backend_score, make_case
+from helpers.tiny_models import SMALL_D as D, SMALL_V as V
 
 pytestmark = pytest.mark.usefixtures("each_backend")  # every test on both backends
 
@@ -200,3 +203,94 @@ def test_an_out_of_range_anchor_off_the_cpu_is_nan(monkeypatch):
     assert first[1].isnan().all() and ranks[1, 0] == 0
     keep = torch.tensor([0, 2])
     assert torch.equal(first[keep], clean_first[keep]) and torch.equal(ranks[keep], clean_ranks[keep])
+
+
+@pytest.mark.parametrize("made_inside", ["embedding", "corrector", "both"])
+def test_prepare_inference_under_inference_mode(made_inside):
+    torch.manual_seed(2)
+    inside = torch.inference_mode()
+    with inside if made_inside in ("corrector", "both") else torch.no_grad():
+        c = Corrector(D, 8, 16, 32)
+        torch.nn.init.normal_(c.mlp[2].weight)
+    with inside if made_inside in ("embedding", "both") else torch.no_grad():
+        E = torch.randn(V, D)
+    h, ids, lg = torch.randn(2, 4, D), torch.randint(0, V, (2, 4, 8)), torch.randn(2, 4, 8)
+    want = c(h, ids, lg, E)[0]
+    with torch.inference_mode():
+        c.prepare_inference(E)
+        assert torch.equal(c(h, ids, lg, E)[0], want)
+
+
+def test_data_writes_are_the_documented_blind_spot_of_the_staleness_check():
+    """`.data` writes bypass autograd's version counter, so the check cannot see them (docs/backends.md, "Documented
+    edge cases"): the stale table stays in use until prepare_inference runs again, which then matches the unprepared
+    result."""
+    torch.manual_seed(3)
+    c = Corrector(D, 8, 16, 32)
+    torch.nn.init.normal_(c.mlp[2].weight)
+    E, h = torch.randn(V, D), torch.randn(2, 4, D)
+    ids, lg = torch.randint(0, V, (2, 4, 8)), torch.randn(2, 4, 8)
+    with torch.no_grad():
+        c.prepare_inference(E)
+        c.cand_proj.weight.data.copy_(torch.randn_like(c.cand_proj.weight))  # behind the counter's back
+        assert c.prepared  # not noticed
+        fresh = Corrector(D, 8, 16, 32)
+        fresh.load_state_dict(c.state_dict())
+        want = fresh(h, ids, lg, E)[1]
+        c.prepare_inference(E)
+        assert torch.equal(c(h, ids, lg, E)[1], want)
+
+
+def test_an_int64_anchor_is_never_narrowed_to_int32_candidates():
+    """2^32 + 3 (int64) beside int32 cand_ids was cast to token 3; now it is checked as given, on both backends."""
+    import dcoco
+
+    torch.manual_seed(7)
+    c = Corrector(D, 8, 16, 32, anchor_transition=True)
+    E, h = torch.randn(V, D), torch.randn(2, 5, D)
+    ids, lg = torch.randint(0, V, (2, 4, 8), dtype=torch.int32), torch.randn(2, 4, 8)
+    for backend in ("fused", "native"):
+        with dcoco.use_backend(backend), torch.no_grad():
+            with pytest.raises(IndexError, match=rf"anchor_ids\[1\] = {2 ** 32 + 3} is outside \[0, V={V}\)"):
+                c(h, ids, lg, E, anchor_ids=torch.tensor([3, 2 ** 32 + 3]))
+            with pytest.raises(IndexError, match=r"anchor_ids\[0\] = -1 is outside"):
+                c.score(h, ids, lg, E, anchor_ids=torch.tensor([-1, 3]))
+            want = c(h, ids.long(), lg, E, anchor_ids=torch.tensor([3, 5]))
+            got = c(h, ids, lg, E, anchor_ids=torch.tensor([3, 5], dtype=torch.int32))
+            assert all(torch.equal(a, b) for a, b in zip(got, want))
+
+
+def test_the_anchor_corrector_refuses_an_empty_block_like_the_plain_one():
+    E = torch.randn(V, D)
+    for anchor, hidden in ((False, torch.randn(2, 0, D)), (True, torch.randn(2, 1, D))):
+        c = Corrector(D, 8, 16, 32, anchor_transition=anchor)
+        with pytest.raises(ValueError, match=r"hidden: expected at least one drafted slot \(B >= 1\), got B=0"):
+            c(hidden, torch.zeros(2, 0, 8, dtype=torch.long), torch.zeros(2, 0, 8), E,
+              anchor_ids=torch.tensor([1, 2]) if anchor else None)
+
+
+def test_preparation_faults_are_named_or_handled():
+    import warnings
+
+    torch.manual_seed(8)
+    c = Corrector(D, 8, 16, 32)
+    torch.nn.init.normal_(c.mlp[2].weight)
+    E, h = torch.randn(V, D), torch.randn(2, 4, D)
+    ids, lg = torch.randint(0, V, (2, 4, 8)), torch.randn(2, 4, 8)
+    with pytest.raises(TypeError, match="embed: expected a torch.Tensor, got NoneType"):
+        c.prepare_inference(None)
+    with torch.no_grad():
+        want = c(h, ids, lg, E)
+    with torch.inference_mode():  # prepared inside inference_mode, then again outside it
+        c.prepare_inference(E)
+    c.prepare_inference(E)
+    with torch.no_grad():
+        assert all(torch.equal(a, b) for a, b in zip(c(h, ids, lg, E), want))
+        c.prepare_inference(E, table_only=True)
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")  # the same embedding again is not "stale"
+            assert all(torch.equal(a, b) for a, b in zip(c(h, ids, lg, E), want))
+        assert c.prepared and all(torch.equal(a, b) for a, b in zip(c(h, ids, lg), want))
+    with pytest.raises(ValueError, match=r"embed: None reads the vocabulary table, which carries no gradient; "
+                                         r"score under torch.no_grad\(\)"):
+        c.score(h, ids, lg)

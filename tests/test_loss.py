@@ -199,3 +199,15 @@ def test_argument_errors(kwargs, exc, name):
     args.update(kwargs)
     with pytest.raises(exc, match=name):
         correction_loss(**args)
+
+
+def test_labels_are_never_narrowed():
+    """int64 labels of id + 2^32 must not match id among int32 candidates."""
+    R, B, K = 2, 4, 6
+    ids = torch.arange(R * B * K, dtype=torch.int32).view(R, B, K)
+    labels = ids[..., 2].long()
+    scores = torch.randn(R, B - 1, K, K)
+    valid = torch.ones(R, B, dtype=torch.bool)
+    hit = correction_loss(scores, ids, labels, valid)
+    miss = correction_loss(scores, ids, labels + 2 ** 32, valid)
+    assert float(hit) > 0 and float(miss) == 0  # no label in the top-K: no term

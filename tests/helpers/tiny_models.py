@@ -32,3 +32,27 @@ def corrector(seed: int = 0, anchor: bool = False) -> Corrector:
     c = Corrector(64, num_candidates=8, width=16, mlp_hidden=32, anchor_transition=anchor)
     torch.nn.init.normal_(c.mlp[2].weight, std=4.0)  # non-zero: it does re-pick candidates
     return c.eval()
+
+
+SMALL_V, SMALL_D = 96, 32  # small_drafter's vocabulary and width
+
+
+def small_drafter(seed: int = 0):
+    """A one-layer DFlash drafter, width SMALL_D over SMALL_V tokens, two target layers, blocks of 4."""
+    from dcoco.modeling.dflash import DFlashDrafter
+
+    torch.manual_seed(seed)
+    return DFlashDrafter(DFlashConfig(hidden_size=SMALL_D, intermediate_size=64, num_hidden_layers=1,
+                                      num_attention_heads=2, num_key_value_heads=1, vocab_size=SMALL_V,
+                                      mask_token_id=SMALL_V - 1, target_layer_ids=[0, 1], num_target_layers=2,
+                                      block_size=4, rope_theta=10000.0))
+
+
+def small_checkpoint(out):
+    """small_drafter with a trained-looking corrector (a random output layer), saved as a DCOCO checkpoint at out."""
+    from dcoco.modeling import checkpoint
+
+    c = Corrector(SMALL_D, num_candidates=8, width=16, mlp_hidden=32)
+    torch.nn.init.normal_(c.mlp[2].weight)
+    checkpoint.save(out, small_drafter(), c)
+    return out

@@ -309,3 +309,9 @@ def test_init_from_target_copies_layers_by_name():
     assert torch.equal(d.layers[0].self_attn.v_proj.weight, src[0].self_attn.v_proj.weight)
     with pytest.raises(ValueError, match="layer_ids"):
         d.init_from_target(target, [0, 9])
+
+
+def test_an_out_of_vocabulary_anchor_is_named():
+    d = DFlashDrafter(tiny_config())
+    with pytest.raises(ValueError, match=rf"anchor_ids: expected token ids in \[0, {V}\)"):
+        d.draft(torch.tensor([3, V]), torch.randn(2, 5, 2 * D), torch.randn(V, D))
