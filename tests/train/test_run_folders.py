@@ -224,3 +224,46 @@ def test_a_save_killed_mid_write_leaves_nothing_behind_on_the_next_run(tiny_dirs
     (out / ".tmp2" / "model.safetensors").write_bytes(b"half")
     assert _train(tiny_dirs, out, "--mode", "drafter", "--steps", "3", "--resume") == 0
     assert not (out / ".tmp2").exists()
+
+
+def _lrs(out: Path) -> dict[int, float]:
+    return {r["step"]: r["lr"] for r in map(json.loads, (out / "log.jsonl").read_text().splitlines())}
+
+
+def test_a_run_kept_without_its_optimizer_resumes_from_its_weights(tiny_dirs, tmp_path, capsys):
+    """What a repository keeps of an unfinished run: its weights, progress.json and logs, not train_state.pt.
+    --resume, and a recipe's rerun, continue it at the saved step with a fresh optimizer: the same schedule, its LR
+    warmed up again over the warm-up's length; weights that progress.json does not describe are refused."""
+    args = ("--mode", "drafter", "--steps", "8", "--save-every", "2", "--log-every", "1", "--warmup", "0.25")
+    whole, out = tmp_path / "whole", tmp_path / "run"
+    assert _train(tiny_dirs, whole, *args) == 0
+    assert _train(tiny_dirs, out, *args, "--stop-at", "4") == 0
+    (out / "train_state.pt").unlink()
+    progress = json.loads((out / "progress.json").read_text())
+    assert (progress["step"], progress["total"], progress["restart"]) == (4, 8, None)
+    with pytest.raises(SystemExit, match=r"holds a run at step 4 of 8; pass resume \(--resume\) to continue it, "):
+        _train(tiny_dirs, out, *args)
+    assert _train(tiny_dirs, out, *args, "--resume") == 0
+    assert _steps(out) == list(range(1, 9))
+    lr, want = _lrs(out), _lrs(whole)
+    assert all(lr[s] == want[s] for s in range(1, 5))  # the first four steps' records are kept
+    # warm-up of 2 steps: step 5 (schedule index 4) at half the schedule's LR, then the schedule itself
+    assert lr[5] == pytest.approx(want[5] / 2, rel=1e-9) and lr[6] == pytest.approx(want[6], rel=1e-9)
+    assert json.loads((out / "progress.json").read_text())["restart"] == 4
+    # a save cut between its renames: progress.json no longer names these weights
+    ahead = tmp_path / "ahead"
+    assert _train(tiny_dirs, ahead, *args, "--stop-at", "2") == 0
+    (ahead / "train_state.pt").unlink()
+    (ahead / "progress.json").write_text(json.dumps({**json.loads((ahead / "progress.json").read_text()),
+                                                     "weights_sha256": "0" * 64}))
+    with pytest.raises(SystemExit, match=r"progress.json: describes other weights than .*model.safetensors"):
+        _train(tiny_dirs, ahead, *args, "--resume")
+    # a recipe's stage kept that way resumes too
+    kept = tmp_path / "kept"
+    r = _recipe(tmp_path / "r.toml", tiny_dirs, [{"mode": "drafter", "steps": 4, "out": str(kept), "stop_at": 2}])
+    assert cli.main(["train", "--config", str(r), "--no-progress"]) == 0
+    (kept / "train_state.pt").unlink()
+    _recipe(r, tiny_dirs, [{"mode": "drafter", "steps": 4, "out": str(kept)}])
+    capsys.readouterr()
+    assert cli.main(["train", "--config", str(r), "--no-progress"]) == 0
+    assert "resumed" in capsys.readouterr().out and _steps(kept) == [1, 2, 3, 4]

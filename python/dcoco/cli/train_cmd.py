@@ -194,17 +194,18 @@ def _stage_runs(args: argparse.Namespace, stages: list[dict], given_out: bool) -
 
 def _stage_state(cfg, overwrite: bool) -> str:
     """What a recipe's stage does with its folder: "done" (finished with these settings), "resume" (interrupted
-    with them) or "fresh"; ValueError when it holds another run and overwrite is off. A folder kept without its
-    train_state.pt (the weights committed, not the optimizer) is done when its log reached the stage's steps."""
-    from ..train.runs import logged_steps, run_differences, run_files, saved_progress
+    with them: from train_state.pt, or from the weights and progress.json kept where the optimizer state is not)
+    or "fresh"; ValueError when it holds another run and overwrite is off. A folder kept with neither (weights
+    and logs only) is done when its log reached the stage's steps."""
+    from ..train.runs import PROGRESS, STATE, logged_steps, run_differences, run_files, saved_progress
 
     held = run_files(cfg.out)
     if not held:
         return "fresh"
-    if "train_state.pt" not in held and "model.safetensors" in held and cfg.steps is not None \
+    if STATE not in held and PROGRESS not in held and "model.safetensors" in held and cfg.steps is not None \
             and logged_steps(cfg.out) >= cfg.steps and not overwrite:
         return "done"
-    saved = saved_progress(cfg.out) if "train_state.pt" in held else None
+    saved = saved_progress(cfg.out) if STATE in held or PROGRESS in held else None
     diff = run_differences(cfg.out, cfg) if saved else ["no saved state"]
     if saved and not diff:  # (diff is empty only with a saved state)
         return "done" if saved[0] >= saved[1] else "resume"

@@ -4,16 +4,19 @@ from __future__ import annotations
 
 import dataclasses
 import fcntl
+import hashlib
 import json
 import os
 import random
 import shutil
 import threading
 from pathlib import Path
+from collections.abc import Callable
 from typing import IO
 
 import torch
 import torch.distributed as dist
+from torch.optim.lr_scheduler import LambdaLR
 from tqdm import tqdm
 
 from ..files import write_text_atomic
@@ -26,8 +29,12 @@ from .objective import Objective
 
 STATE = "train_state.pt"
 STATE_KEYS = ("step", "total", "world", "config", "drafter", "corrector", "optimizer", "scheduler", "rng")
+# beside the serving checkpoint, small enough to keep with the weights where train_state.pt is not kept: the step,
+# schedule and settings the weights were saved at, and their sha256 (a save cut between the two files shows)
+PROGRESS = "progress.json"
+PROGRESS_KEYS = ("step", "total", "world", "config", "restart", "weights_sha256")
 SAVING = ".tmp"  # + step: a save in progress inside the run folder
-RUN_FILES = (STATE, "config.json", "model.safetensors", "log.jsonl", "eval.jsonl")  # what a run leaves in its out
+RUN_FILES = (STATE, PROGRESS, "config.json", "model.safetensors", "log.jsonl", "eval.jsonl")  # what a run leaves
 
 
 def log_eval(out: Path, ev: dict, bar: tqdm) -> None:
@@ -60,7 +67,7 @@ class Saver:
         self._error: BaseException | None = None
 
     def save(self, out: Path, cfg: TrainConfig, step: int, total: int, world: int, objective: Objective,
-             opt: torch.optim.Optimizer, lr_sched) -> None:
+             opt: torch.optim.Optimizer, lr_sched, restart: int | None = None) -> None:
         self.wait()
         drafter = _cpu_module(objective.drafter)
         corrector = _cpu_module(objective.corrector) if objective.corrector is not None else None
@@ -68,7 +75,8 @@ class Saver:
                  "drafter": drafter.state_dict(), "corrector": corrector.state_dict() if corrector else None,
                  "optimizer": _to_cpu(opt.state_dict()), "scheduler": lr_sched.state_dict(),
                  "rng": {"torch": torch.get_rng_state(), "python": random.getstate(),
-                         "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else None}}
+                         "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else None},
+                 "restart": restart}
         self._thread = threading.Thread(target=self._write, args=(out, step, drafter, corrector, state,
                                                                   getattr(torch, cfg.save_dtype)), daemon=False)
         self._thread.start()
@@ -77,9 +85,13 @@ class Saver:
         try:
             tmp = out / f"{SAVING}{step}"
             checkpoint.save(tmp, drafter, corrector, dtype=dtype)  # written whole and fsynced
+            progress = {k: state[k] for k in PROGRESS_KEYS[:-1]}
+            write_text_atomic(tmp / PROGRESS, json.dumps({**progress, "weights_sha256": _sha256(
+                tmp / "model.safetensors")}, indent=1) + "\n")
             # one file at a time into the run folder (it holds the logs too): every save of a run writes the
-            # same config.json, so a reader between the two renames still finds a matching pair
-            for name in ("model.safetensors", "config.json"):
+            # same config.json, so a reader between the renames still finds a matching pair, and progress.json
+            # names the weights it describes
+            for name in ("model.safetensors", "config.json", PROGRESS):
                 os.replace(tmp / name, out / name)
             with open(tmp / STATE, "wb") as f:
                 torch.save(state, f)
@@ -120,12 +132,41 @@ def _cpu_module(m: DFlashDrafter | Corrector) -> DFlashDrafter | Corrector:
 
 
 def saved_progress(out: str | Path) -> tuple[int, int] | None:
-    """(step, total) of the training state saved in out, or None when there is none."""
-    path = Path(out) / STATE
+    """(step, total) of the run saved in out: its train_state.pt, else its progress.json; None with neither."""
+    if (Path(out) / STATE).is_file():
+        state = read_state(Path(out), mmap=True)  # mmap: weights are not read
+        return state["step"], state["total"]
+    progress = read_progress(out)
+    return None if progress is None else (progress["step"], progress["total"])
+
+
+def _sha256(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            h.update(block)
+    return h.hexdigest()
+
+
+def read_progress(out: str | Path) -> dict | None:
+    """out's progress.json when it describes out's model.safetensors, None without one; ValueError naming the
+    file when it is unreadable or describes other weights (a save cut between its renames)."""
+    path = Path(out) / PROGRESS
     if not path.is_file():
         return None
-    state = read_state(Path(out), mmap=True)  # mmap: weights are not read
-    return state["step"], state["total"]
+    try:
+        progress = json.loads(path.read_text())
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise ValueError(f"{path}: not readable ({type(e).__name__}: {e}); pass overwrite (--overwrite) to train "
+                         f"from the start") from None
+    missing = [k for k in PROGRESS_KEYS if not isinstance(progress, dict) or k not in progress]
+    if missing:
+        raise ValueError(f"{path}: not a training progress record (no {', '.join(missing)})")
+    weights = Path(out) / "model.safetensors"
+    if not weights.is_file() or _sha256(weights) != progress["weights_sha256"]:
+        raise ValueError(f"{path}: describes other weights than {weights} (a save cut short); resume from "
+                         f"{STATE} if it is there, or pass overwrite (--overwrite)")
+    return progress
 
 
 def logged_steps(out: str | Path) -> int:
@@ -212,7 +253,7 @@ def fresh(out: Path, cfg: TrainConfig, rank: int, world: int) -> int:
     """Step 0 of a new run in out: refused when out holds a run, unless cfg.overwrite, which removes it first."""
     held = run_files(out)
     if held and not cfg.overwrite:
-        saved = saved_progress(out) if STATE in held else None
+        saved = saved_progress(out) if STATE in held or PROGRESS in held else None
         what = f"a run at step {saved[0]} of {saved[1]}" if saved else f"a run's files ({', '.join(held)})"
         raise ValueError(f"out: {out} holds {what}; pass resume (--resume) to continue it"
                          + (" (it has no saved state to resume from)" if saved is None else "")
@@ -234,10 +275,13 @@ def _differences(saved: dict, cfg: TrainConfig, keys) -> list[str]:
 
 
 def run_differences(out: str | Path, cfg: TrainConfig) -> list[str]:
-    """How the run saved in out differs from cfg in what shapes its trajectory (RESUME_KEYS) or its length
-    (epochs, steps); [] when it is the same run. A recipe rerun skips or resumes a stage only then."""
-    state = read_state(Path(out), mmap=True)
-    return _differences(state["config"], cfg, RESUME_KEYS + ("epochs", "steps"))
+    """How the run saved in out (its train_state.pt, else its progress.json) differs from cfg in what shapes its
+    trajectory (RESUME_KEYS) or its length (epochs, steps); [] when it is the same run. A recipe rerun skips or
+    resumes a stage only then."""
+    saved = read_state(Path(out), mmap=True) if (Path(out) / STATE).is_file() else read_progress(out)
+    if saved is None:
+        raise ValueError(f"resume: no {STATE} or {PROGRESS} in {out}")
+    return _differences(saved["config"], cfg, RESUME_KEYS + ("epochs", "steps"))
 
 
 def _keep_steps(path: Path, last: int) -> None:
@@ -256,31 +300,60 @@ def _keep_steps(path: Path, last: int) -> None:
         write_text_atomic(path, "".join(keep))
 
 
-def resume(out: Path, cfg: TrainConfig, total: int, world: int, objective: Objective, opt, lr_sched) -> int:
-    state = read_state(out)
-    diff = _differences(state["config"], cfg, RESUME_KEYS)
-    saved = {**dataclasses.asdict(TrainConfig()), **state["config"]}
-    if state["total"] != total:
-        diff.append(f"schedule length ({state['total']} saved, {total} now)")
-    saved_batch = saved["seqs_per_step"] * state["world"]
+def _check_same_run(out: Path, saved: dict, cfg: TrainConfig, total: int, world: int, objective: Objective,
+                    corrector_saved: bool) -> None:
+    diff = _differences(saved["config"], cfg, RESUME_KEYS)
+    config = {**dataclasses.asdict(TrainConfig()), **saved["config"]}
+    if saved["total"] != total:
+        diff.append(f"schedule length ({saved['total']} saved, {total} now)")
+    saved_batch = config["seqs_per_step"] * saved["world"]
     if saved_batch != cfg.seqs_per_step * world:
-        diff.append(f"global batch (seqs_per_step x world size: {saved['seqs_per_step']} x {state['world']} saved, "
+        diff.append(f"global batch (seqs_per_step x world size: {config['seqs_per_step']} x {saved['world']} saved, "
                     f"{cfg.seqs_per_step} x {world} now; on {world} rank(s) pass seqs_per_step = "
                     f"{saved_batch / world:g})")
-    if (state["corrector"] is None) != (objective.corrector is None):
+    if corrector_saved != (objective.corrector is not None):
         diff.append("corrector (present in one run only)")
     if diff:
         raise ValueError(f"resume: the run in {out} differs: {', '.join(diff)}")
+
+
+def resume(out: Path, cfg: TrainConfig, total: int, world: int, objective: Objective, opt,
+           make_schedule: Callable[[int | None, int], LambdaLR]) -> tuple[int, LambdaLR, int | None]:
+    """(step, LR schedule, restart) of the run saved in out, its modules loaded. From train_state.pt when out has
+    it: the optimizer, schedule and RNG too, exactly where they were. Otherwise from the weights and progress.json
+    kept where the optimizer state is not (a repository, a new machine): the optimizer starts fresh at the saved
+    step, and the schedule, from there, warms the LR up again over its warm-up length (restart). ValueError when
+    out's run differs from cfg in what shapes its trajectory. make_schedule(restart, start) builds the schedule."""
+    if not (out / STATE).is_file() and (out / PROGRESS).is_file():
+        progress = read_progress(out)
+        assert progress is not None
+        drafter, corrector = checkpoint.load(out)
+        _check_same_run(out, progress, cfg, total, world, objective, corrector is not None)
+        objective.drafter.load_state_dict({k: v.float() for k, v in drafter.state_dict().items()})
+        if objective.corrector is not None and corrector is not None:
+            objective.corrector.load_state_dict({k: v.float() for k, v in corrector.state_dict().items()})
+        step = progress["step"]
+        lr_sched = make_schedule(step, step)  # restarted at the saved step, and starting there
+        _keep_logs(out, step)
+        return step, lr_sched, step
+    state = read_state(out)
+    _check_same_run(out, state, cfg, total, world, objective, state["corrector"] is not None)
     objective.drafter.load_state_dict(state["drafter"])
     if objective.corrector is not None:
         objective.corrector.load_state_dict(state["corrector"])
     opt.load_state_dict(state["optimizer"])
+    restart = state.get("restart")
+    lr_sched = make_schedule(restart, 0)
     lr_sched.load_state_dict(state["scheduler"])
     torch.set_rng_state(state["rng"]["torch"])
     random.setstate(state["rng"]["python"])
     if state["rng"]["cuda"] is not None and torch.cuda.is_available():
         torch.cuda.set_rng_state_all(state["rng"]["cuda"])
+    _keep_logs(out, state["step"])
+    return state["step"], lr_sched, restart
+
+
+def _keep_logs(out: Path, step: int) -> None:
     if not dist.is_initialized() or dist.get_rank() == 0:
         for log in ("log.jsonl", "eval.jsonl"):
-            _keep_steps(out / log, state["step"])
-    return state["step"]
+            _keep_steps(out / log, step)

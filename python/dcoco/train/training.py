@@ -77,12 +77,16 @@ def train(cfg: TrainConfig, corpus: Corpus | TokenCorpus, embed: torch.Tensor, h
     objective = Objective(drafter, corrector, cfg, None if cfg.loss_vocab is None else
                           frequent_tokens(corpus, cfg.loss_vocab).to(dev))
     opt = torch.optim.AdamW([p for p in objective.parameters() if p.requires_grad], lr=cfg.lr, weight_decay=0.0)
-    lr_sched = warmup_cosine(opt, int(cfg.warmup * total), total)
+    def make_schedule(restart: int | None, start: int):
+        return warmup_cosine(opt, int(cfg.warmup * total), total, restart, start)
+
     out = Path(cfg.out)
     lock = RunLock(out).acquire() if rank == 0 else None  # one writer per run folder
     try:
-        start = (resume(out, cfg, total, world, objective, opt, lr_sched) if cfg.resume
-                 else fresh(out, cfg, rank, world))
+        if cfg.resume:
+            start, lr_sched, restart = resume(out, cfg, total, world, objective, opt, make_schedule)
+        else:
+            start, lr_sched, restart = fresh(out, cfg, rank, world), make_schedule(None, 0), None
         model: nn.Module = objective
         if world > 1:
             model = nn.parallel.DistributedDataParallel(
@@ -92,7 +96,7 @@ def train(cfg: TrainConfig, corpus: Corpus | TokenCorpus, embed: torch.Tensor, h
         history, t0, step, end = [], time.monotonic(), start, min(total, cfg.stop_at or total)
         saver = Saver()
         if rank == 0 and start >= end and not _serving_loads(out):  # finished: its checkpoint must still load
-            saver.save(out, cfg, step, total, world, objective, opt, lr_sched)
+            saver.save(out, cfg, step, total, world, objective, opt, lr_sched, restart)
         bar = tqdm(total=total, initial=start, desc=f"train {cfg.mode}", disable=rank != 0 or not progress)
         while step < end:
             t_step = time.monotonic()
@@ -113,7 +117,7 @@ def train(cfg: TrainConfig, corpus: Corpus | TokenCorpus, embed: torch.Tensor, h
                     log_eval(out, ev, bar)
             if rank == 0:
                 if step % cfg.save_every == 0 or step == end or stop:
-                    saver.save(out, cfg, step, total, world, objective, opt, lr_sched)
+                    saver.save(out, cfg, step, total, world, objective, opt, lr_sched, restart)
             if stop:
                 break
         bar.close()
