@@ -23,7 +23,7 @@ from pathlib import Path
 
 import torch
 
-from dcoco.cli import demo
+from dcoco.experiments import demo
 from dcoco.train import frozen
 from dcoco import plots
 from dcoco.specdec import simulate

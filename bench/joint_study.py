@@ -43,7 +43,7 @@ from pathlib import Path
 
 import torch
 
-from dcoco.cli import demo
+from dcoco.experiments import demo
 from dcoco import plots as figures
 from dcoco.specdec import simulate
 from dcoco.corrector import Corrector

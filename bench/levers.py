@@ -23,7 +23,7 @@ from pathlib import Path
 import torch
 
 from dcoco.target import corpus, smollm2
-from dcoco.cli import demo
+from dcoco.experiments import demo
 from dcoco.specdec import simulate
 from dcoco.modeling.dflash import DFlashDrafter
 from dcoco.specdec.evaluate import encode

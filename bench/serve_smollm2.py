@@ -14,7 +14,7 @@ from pathlib import Path
 
 from dcoco.modeling import checkpoint
 from dcoco import cli
-from dcoco.cli import demo
+from dcoco.experiments import demo
 from dcoco.target import smollm2
 from dcoco.testing.vllm_server import VLLMServer
 

@@ -29,7 +29,7 @@ from importlib import resources
 from pathlib import Path
 
 from dcoco.modeling import checkpoint
-from dcoco.cli import demo
+from dcoco.experiments import demo
 from dcoco.target import smollm2
 from dcoco.suites import load_suites
 

@@ -16,14 +16,16 @@ from pathlib import Path
 from helpers.imports import PKG, ImportVisitor, declared, distribution, norm
 
 
-LAYERS = ("dcoco", "ops", "top", "modeling", "target", "train", "specdec", "serve", "benchmark", "cli", "testing")
+LAYERS = ("dcoco", "ops", "top", "modeling", "target", "train", "specdec", "serve", "benchmark", "experiments", "cli",
+          "testing")
 MAX_LINES, MAX_FUNCTION_LINES = 450, 80
 # extras beyond [project].dependencies, per layer, and per module where one module needs more than its layer
 EXTRAS = {"ops": (), "top": (), "modeling": (), "dcoco": (), "target": ("train",), "train": ("train",),
-          "specdec": ("train",), "cli": ("train", "demo", "bench"), "serve": (), "benchmark": ("bench",),
-          "testing": ("test",)}
+          "specdec": ("train",), "experiments": ("train", "demo"), "cli": ("train", "demo", "bench"), "serve": (),
+          "benchmark": ("bench",), "testing": ("test",)}
 MODULE_EXTRAS = {"dcoco.serve.vllm_model": ("vllm",), "dcoco.serve.vllm_tp": ("vllm",),
-                 "dcoco.plots": ("demo", "bench"), "dcoco.chat": ("train", "bench")}
+                 "dcoco.serve.vllm_patches": ("vllm",), "dcoco.plots": ("demo", "bench"),
+                 "dcoco.chat": ("train", "bench")}
 # distributions installed by one that dcoco declares
 COMES_WITH = {"tokenizers": "transformers", "huggingface-hub": "transformers"}
 

@@ -23,7 +23,7 @@ pytest.importorskip("gguf", reason="the embedded SmolLM2 target needs gguf (bash
 
 from dcoco.modeling import checkpoint
 from dcoco import cli
-from dcoco.cli import demo
+from dcoco.experiments import demo
 from dcoco.target import smollm2
 from dcoco.specdec.evaluate import encode
 from dcoco.suites import load_suites

@@ -1,4 +1,4 @@
-"""`dcoco demo`: its options, and the run (demo.py) turned into a table and an exit code."""
+"""`dcoco demo`: its options, and the run (experiments/demo.py) turned into a table and an exit code."""
 
 from __future__ import annotations
 
@@ -22,7 +22,7 @@ def arguments(p: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from . import demo
+    from ..experiments import demo
 
     with exits("dcoco demo"):
         res = demo.run(args.size, args.device, args.out, args.suites, progress=not args.no_progress)

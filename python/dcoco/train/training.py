@@ -42,6 +42,16 @@ class TrainResult:
     history: list[dict]   # one record per step this process ran: losses, tau, lr (global over ranks), seconds
 
 
+def _start(out: Path, cfg: TrainConfig, total: int, rank: int, world: int, objective: Objective, opt):
+    """(first step, LR schedule, restart) of a fresh run or of the one out holds (runs.resume)."""
+    def make_schedule(restart: int | None, start: int):
+        return warmup_cosine(opt, int(cfg.warmup * total), total, restart, start)
+
+    if cfg.resume:
+        return resume(out, cfg, total, world, objective, opt, make_schedule)
+    return fresh(out, cfg, rank, world), make_schedule(None, 0), None
+
+
 def train(cfg: TrainConfig, corpus: Corpus | TokenCorpus, embed: torch.Tensor, head: torch.Tensor,
           drafter: DFlashDrafter | DFlashConfig, corrector: Corrector | None = None,
           progress: bool = True, target: TargetFeatures | None = None) -> TrainResult:
@@ -77,16 +87,10 @@ def train(cfg: TrainConfig, corpus: Corpus | TokenCorpus, embed: torch.Tensor, h
     objective = Objective(drafter, corrector, cfg, None if cfg.loss_vocab is None else
                           frequent_tokens(corpus, cfg.loss_vocab).to(dev))
     opt = torch.optim.AdamW([p for p in objective.parameters() if p.requires_grad], lr=cfg.lr, weight_decay=0.0)
-    def make_schedule(restart: int | None, start: int):
-        return warmup_cosine(opt, int(cfg.warmup * total), total, restart, start)
-
     out = Path(cfg.out)
     lock = RunLock(out).acquire() if rank == 0 else None  # one writer per run folder
     try:
-        if cfg.resume:
-            start, lr_sched, restart = resume(out, cfg, total, world, objective, opt, make_schedule)
-        else:
-            start, lr_sched, restart = fresh(out, cfg, rank, world), make_schedule(None, 0), None
+        start, lr_sched, restart = _start(out, cfg, total, rank, world, objective, opt)
         model: nn.Module = objective
         if world > 1:
             model = nn.parallel.DistributedDataParallel(

@@ -17,7 +17,7 @@ def test_demo_smoke_trains_evaluates_and_caches(tmp_path, monkeypatch):
     monkeypatch.setenv("DCOCO_CACHE", str(tmp_path / "cache"))
     from dcoco.modeling import checkpoint
     from dcoco import cli
-    from dcoco.cli import demo
+    from dcoco.experiments import demo
 
     assert cli.main(["demo", "--smoke", "--no-progress", "--out", str(tmp_path / "out")]) == 0
     res = json.loads((tmp_path / "out" / "demo-smollm2-smoke.json").read_text())
@@ -84,7 +84,7 @@ def test_demo_corpus_ships_as_token_ids():
     from importlib import resources
 
     from dcoco.target import corpus
-    from dcoco.cli import demo
+    from dcoco.experiments import demo
 
     f = resources.files("dcoco") / "data" / demo.CORPUS_FILE
     assert f.stat().st_size < 2 * 2 ** 20
@@ -94,7 +94,7 @@ def test_demo_corpus_ships_as_token_ids():
 
 
 def test_a_stage_of_another_recipe_is_redone(tmp_path):
-    from dcoco.cli import demo
+    from dcoco.experiments import demo
 
     cfg = demo.TrainConfig(mode="drafter", steps=5, loss_vocab=4096)
     want = demo.recipe(cfg, upstream=None)

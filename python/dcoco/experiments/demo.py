@@ -21,7 +21,7 @@ CPU or GPU.
 
 Every stage is cached under $DCOCO_CACHE (~/.cache/dcoco): the corpus under corpus/, the trained checkpoints
 (serving layout) under demo/ (demo-full/, demo-smoke/ for the other sizes); an interrupted run resumes and a
-second run only evaluates. The JSON's headline keys, the printed table and the plots: demo_report."""
+second run only evaluates. The JSON's headline keys, the printed table and the plots: report.py."""
 
 from __future__ import annotations
 
@@ -56,8 +56,8 @@ from ..specdec.evaluate import decode_all, encode
 from ..specdec.engine import Engine, summarize
 from ..specdec.stats import tau_table
 from ..train.training import TrainConfig, train
-from . import demo_report as report
-from .demo_report import ANCHOR, CONTINUED, DFLASH2, DOMINO, DSPARK, FROZEN, ONLINE
+from . import report
+from .report import ANCHOR, CONTINUED, DFLASH2, DOMINO, DSPARK, FROZEN, ONLINE
 
 from ..train.prompts import EVAL_ROWS_RESERVED  # the demo evaluates rows below it; training never sees them
 # training rows per suite of the shipped suites (data/suites; index >= EVAL_ROWS_RESERVED, shuffled with seed 0); aime25

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from .. import plots as figures  # demo_report.plots draws the demo's figures
+from .. import plots as figures  # report.plots draws the demo's figures
 from ..jsonl import read_records
 from ..specdec.evaluate import coverage_plot
 
