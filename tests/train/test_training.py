@@ -478,10 +478,14 @@ out = "{tmp_path / 's2'}"
     capsys.readouterr()
     assert cli.main(argv) == 0
     assert capsys.readouterr().out.count("done, skipped") == 2
-    for stage in ("s1", "s2"):  # kept as committed: the weights and logs, not the optimizer
+    for stage in ("s1", "s2"):  # kept as committed: the weights, progress.json and the logs, not the optimizer
         (tmp_path / stage / "train_state.pt").unlink()
     capsys.readouterr()
-    assert cli.main(argv) == 0  # both logs reached their stage's steps
+    assert cli.main(argv) == 0  # both saved at their stage's last step
+    assert capsys.readouterr().out.count("done, skipped") == 2
+    for stage in ("s1", "s2"):  # the weights and logs alone: done when the log reached the stage's steps
+        (tmp_path / stage / "progress.json").unlink()
+    assert cli.main(argv) == 0
     assert capsys.readouterr().out.count("done, skipped") == 2
     log = tmp_path / "s2" / "log.jsonl"
     log.write_text("".join(log.read_text().splitlines(keepends=True)[:-1]))  # cut short, kept without its state

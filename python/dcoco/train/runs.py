@@ -341,9 +341,9 @@ def resume(out: Path, cfg: TrainConfig, total: int, world: int, objective: Objec
     objective.drafter.load_state_dict(state["drafter"])
     if objective.corrector is not None:
         objective.corrector.load_state_dict(state["corrector"])
-    opt.load_state_dict(state["optimizer"])
     restart = state.get("restart")
-    lr_sched = make_schedule(restart, 0)
+    lr_sched = make_schedule(restart, 0)  # before the optimizer's state: a new schedule sets the LR to step 0's
+    opt.load_state_dict(state["optimizer"])
     lr_sched.load_state_dict(state["scheduler"])
     torch.set_rng_state(state["rng"]["torch"])
     random.setstate(state["rng"]["python"])
