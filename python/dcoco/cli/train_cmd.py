@@ -197,7 +197,7 @@ def _stage_state(cfg, overwrite: bool) -> str:
     with them: from train_state.pt, or from the weights and progress.json kept where the optimizer state is not)
     or "fresh"; ValueError when it holds another run and overwrite is off. A folder kept with neither (weights
     and logs only) is done when its log reached the stage's steps."""
-    from ..train.runs import PROGRESS, STATE, logged_steps, run_differences, run_files, saved_progress
+    from ..train.runs import PROGRESS, STATE, logged_steps, run_differences, run_files, saved_run
 
     held = run_files(cfg.out)
     if not held:
@@ -205,10 +205,10 @@ def _stage_state(cfg, overwrite: bool) -> str:
     if STATE not in held and PROGRESS not in held and "model.safetensors" in held and cfg.steps is not None \
             and logged_steps(cfg.out) >= cfg.steps and not overwrite:
         return "done"
-    saved = saved_progress(cfg.out) if STATE in held or PROGRESS in held else None
-    diff = run_differences(cfg.out, cfg) if saved else ["no saved state"]
+    saved = saved_run(cfg.out)  # read once: progress.json's check hashes the weights
+    diff = run_differences(saved, cfg) if saved else ["no saved state"]
     if saved and not diff:  # (diff is empty only with a saved state)
-        return "done" if saved[0] >= saved[1] else "resume"
+        return "done" if saved["step"] >= saved["total"] else "resume"
     if overwrite:
         return "fresh"
     raise ValueError(f"out: {cfg.out} holds another run ({', '.join(diff)}); rerun with --overwrite to replace it, "

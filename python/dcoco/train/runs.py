@@ -131,13 +131,18 @@ def _cpu_module(m: DFlashDrafter | Corrector) -> DFlashDrafter | Corrector:
     return copy
 
 
-def saved_progress(out: str | Path) -> tuple[int, int] | None:
-    """(step, total) of the run saved in out: its train_state.pt, else its progress.json; None with neither."""
+def saved_run(out: str | Path) -> dict | None:
+    """The record of the run saved in out (step, total, world, config, ...): its train_state.pt (mmap: the weights
+    are not read), else its progress.json; None with neither."""
     if (Path(out) / STATE).is_file():
-        state = read_state(Path(out), mmap=True)  # mmap: weights are not read
-        return state["step"], state["total"]
-    progress = read_progress(out)
-    return None if progress is None else (progress["step"], progress["total"])
+        return read_state(Path(out), mmap=True)
+    return read_progress(out)
+
+
+def saved_progress(out: str | Path) -> tuple[int, int] | None:
+    """(step, total) of the run saved in out (saved_run), or None."""
+    run = saved_run(out)
+    return None if run is None else (run["step"], run["total"])
 
 
 def _sha256(path: Path) -> str:
@@ -253,7 +258,7 @@ def fresh(out: Path, cfg: TrainConfig, rank: int, world: int) -> int:
     """Step 0 of a new run in out: refused when out holds a run, unless cfg.overwrite, which removes it first."""
     held = run_files(out)
     if held and not cfg.overwrite:
-        saved = saved_progress(out) if STATE in held or PROGRESS in held else None
+        saved = saved_progress(out)
         what = f"a run at step {saved[0]} of {saved[1]}" if saved else f"a run's files ({', '.join(held)})"
         raise ValueError(f"out: {out} holds {what}; pass resume (--resume) to continue it"
                          + (" (it has no saved state to resume from)" if saved is None else "")
@@ -274,13 +279,9 @@ def _differences(saved: dict, cfg: TrainConfig, keys) -> list[str]:
     return [f"{k} ({saved[k]!r} saved, {getattr(cfg, k)!r} now)" for k in keys if saved[k] != getattr(cfg, k)]
 
 
-def run_differences(out: str | Path, cfg: TrainConfig) -> list[str]:
-    """How the run saved in out (its train_state.pt, else its progress.json) differs from cfg in what shapes its
-    trajectory (RESUME_KEYS) or its length (epochs, steps); [] when it is the same run. A recipe rerun skips or
-    resumes a stage only then."""
-    saved = read_state(Path(out), mmap=True) if (Path(out) / STATE).is_file() else read_progress(out)
-    if saved is None:
-        raise ValueError(f"resume: no {STATE} or {PROGRESS} in {out}")
+def run_differences(saved: dict, cfg: TrainConfig) -> list[str]:
+    """How a saved run (saved_run's record) differs from cfg in what shapes its trajectory (RESUME_KEYS) or its
+    length (epochs, steps); [] when it is the same run. A recipe rerun skips or resumes a stage only then."""
     return _differences(saved["config"], cfg, RESUME_KEYS + ("epochs", "steps"))
 
 
