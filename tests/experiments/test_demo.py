@@ -33,7 +33,7 @@ def test_demo_smoke_trains_evaluates_and_caches(tmp_path, monkeypatch):
     work = tmp_path / "cache" / "demo-smoke"
     assert {s: v["steps"] for s, v in res["training"].items()} == \
         {"dflash": 3, "dflash-long": 2, "corrector": 2, "anchor": 2, "dflash2": 2, "domino": 2, "dspark": 2,
-         "dcoco-drafter": 2, "online": 2}
+         "dcoco-drafter": 2, "online": 2, "domino-recipe": 2, "dspark-recipe": 2}
     # a "joint" row co-trains its drafter; the corr_grad 0 control is named the online corrector it is
     joint, online = res["training"]["dcoco-drafter"]["recipe"], res["training"]["online"]["recipe"]
     assert joint["corr_grad"] == h["joint_corr_grad"] > 0 and online["corr_grad"] == 0
@@ -47,13 +47,24 @@ def test_demo_smoke_trains_evaluates_and_caches(tmp_path, monkeypatch):
                       ("anchor_over_dflash2", "anchor_over_dflash2_ci"),
                       ("anchor_over_frozen", "anchor_over_frozen_ci"),
                       ("dcoco_over_domino", "dcoco_over_domino_ci"), ("dcoco_over_dspark", "dcoco_over_dspark_ci"),
-                      ("anchor_over_best_baseline", "anchor_over_best_baseline_ci")):
+                      ("anchor_over_best_baseline", "anchor_over_best_baseline_ci"),
+                      ("joint_over_domino_recipe", "joint_over_domino_recipe_ci"),
+                      ("joint_over_dspark_recipe", "joint_over_dspark_recipe_ci")):
         assert h[f"tau_ratio_{ci}"][0] <= h[f"tau_ratio_{ratio}"] <= h[f"tau_ratio_{ci}"][1]
     assert h["tau_dcoco_anchor"] >= 1 and demo.ANCHOR in res["costs"] and demo.ANCHOR in h["headroom_captured_walk"]
     assert demo.load_frozen(work / "anchor").anchor_transition  # the stage reloads as what it was trained as
     assert h["tau_domino"] >= 1 and h["tau_dspark"] >= 1 and {demo.DOMINO, demo.DSPARK} <= set(res["costs"])
     assert type(demo.load_frozen(work / "domino")).__name__ == "DominoHead"
     assert type(demo.load_frozen(work / "dspark")).__name__ == "DSparkHead"
+    # each baseline's published recipe: its head's own objective, drafter co-trained, from the same drafter and
+    # its frozen-trained head, with DCOCO joint's budget
+    for method, kind in (("domino", "DominoHead"), ("dspark", "DSparkHead")):
+        r = res["training"][f"{method}-recipe"]["recipe"]
+        assert r["method"] == method and r["steps"] == joint["steps"] and r["lr"] == joint["lr"]
+        assert r["from"] == joint["from"] and r["corrector_from"] == res["training"][method]["recipe"]
+        assert type(checkpoint.load(work / f"{method}-recipe")[1]).__name__ == kind
+        assert h[f"tau_{method}_recipe"] >= 1
+    assert {demo.DOMINO_RECIPE, demo.DSPARK_RECIPE} <= set(res["costs"])
     assert set(res["co_adaptation"]) == {"frozen drafter (dflash-long)", "joint drafter (dcoco-drafter)",
                                          "online control's drafter (online)"}
     assert all(len(r["top1_per_slot"]) == demo.BLOCK - 1 for r in res["co_adaptation"].values())

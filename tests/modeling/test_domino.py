@@ -94,9 +94,10 @@ def test_the_loss_is_the_curriculum_mix_of_both_cross_entropies(lam):
     h = _head(3)
     hidden, U, anchor, targets, embed = _inputs(R, B, 7)
     valid = torch.rand(R, B, generator=torch.Generator().manual_seed(2)) > 0.3
-    loss = h.loss(hidden, U, anchor, targets, valid, embed, lam, gamma)
+    loss, picks = h.loss(hidden, U, anchor, targets, valid, embed, lam, gamma)
     with torch.no_grad():
         final = literal(h, hidden, U, torch.cat([anchor[:, None], targets[:, :-1]], 1), embed)
+    assert torch.equal(picks, final.argmax(-1))  # teacher-forced picks
     num = den = 0.0
     for r in range(R):
         for k in range(B):

@@ -80,7 +80,7 @@ def test_the_loss_is_the_weighted_sum_of_its_three_terms(point_mass):
     h = _head(4)
     hidden, U, anchor, targets, target_logits = _inputs(R, B, 9)
     valid = torch.rand(R, B, generator=torch.Generator().manual_seed(3)) > 0.3
-    loss = h.loss(hidden, U, anchor, targets, valid, None if point_mass else target_logits, gamma)
+    loss, picks = h.loss(hidden, U, anchor, targets, valid, None if point_mass else target_logits, gamma)
     a, b, c = LOSS_WEIGHTS
     num = den = 0.0
     with torch.no_grad():
@@ -88,6 +88,7 @@ def test_the_loss_is_the_weighted_sum_of_its_three_terms(point_mass):
             prev = int(anchor[r])
             for k in range(B):
                 x = U[r, k].double() + _markov(h, prev)
+                assert int(picks[r, k]) == int(x.argmax())  # teacher-forced picks
                 p_d = x.softmax(-1)
                 if point_mass:
                     p_t = torch.zeros(V, dtype=torch.float64)

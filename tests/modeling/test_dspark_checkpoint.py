@@ -155,8 +155,8 @@ def test_load_dspark_refuses_what_dsparkhead_cannot_hold(tmp_path):
     edit(config={"sample_from_anchor": False, "markov_rank": RANK + 4})
     with pytest.raises(ValueError, match=r"DSpark head tensors do not match the config"):
         checkpoint.load_dspark(tmp_path / "ds")
-    with pytest.raises(ValueError, match=r"architectures: expected one of \['DFlashDraftModel'\]"):
-        checkpoint.load(tmp_path / "ds")  # not a DFlash checkpoint: dcoco export reads DFlash/DCOCO ones only
+    with pytest.raises(ValueError, match=r"DSpark head tensors do not match the config"):
+        checkpoint.load(tmp_path / "ds")  # load reads the DSpark layout too, with the same checks
 
 
 def test_a_failed_dspark_export_leaves_the_old_folder_as_it_was(tmp_path, monkeypatch):

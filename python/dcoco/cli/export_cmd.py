@@ -9,7 +9,8 @@ from .exits import exits
 
 
 def arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("checkpoint", help="a DFlash or DCOCO serving checkpoint directory")
+    p.add_argument("checkpoint", help="a serving checkpoint directory: DFlash, DCOCO, or a drafter trained with a "
+                                      "DSpark or Domino head (`dcoco train --method`), rewritten in its own layout")
     p.add_argument("out", help="destination folder")
     p.add_argument("--drafter-only", action="store_true",
                    help="write the plain DFlash checkpoint (the corrector dropped): the same drafter, corrector off")

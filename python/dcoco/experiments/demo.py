@@ -13,6 +13,9 @@ CPU or GPU.
    by JOINT_CORR_GRAD (dcoco-drafter). Its control, `online`: the same stage with that weight 0, so the drafter
    is not co-trained (it is dflash-long trained on alone for as many steps: DFlash with the joint drafter's
    budget) and the corrector keeps learning online. HEADLINE names the DCOCO the demo answers with.
+   The paper's baselines get the same budget on their published recipes (domino-recipe, dspark-recipe): the
+   dflash-long drafter and the frozen-trained head, trained together on the head's own objective (Domino's
+   curriculum, DSpark's CE + L1 + confidence loss) for joint_steps steps at JOINT_LR.
 5. eval: prompts from rows of the paper's suites (shipped in data/suites) that no training prompt came from.
    tau, its ratios over DFlash with paired 95% bootstrap CIs, the oracles and teacher-forced coverage come from
    greedy decoding simulated exactly (simulate.py: one target pass per prompt, every method on sim_rows prompts
@@ -57,7 +60,7 @@ from ..specdec.engine import Engine, summarize
 from ..specdec.stats import tau_table
 from ..train.training import TrainConfig, train
 from . import report
-from .report import ANCHOR, CONTINUED, DFLASH2, DOMINO, DSPARK, FROZEN, ONLINE
+from .report import ANCHOR, CONTINUED, DFLASH2, DOMINO, DOMINO_RECIPE, DSPARK, DSPARK_RECIPE, FROZEN, ONLINE
 
 from ..train.prompts import EVAL_ROWS_RESERVED  # the demo evaluates rows below it; training never sees them
 # training rows per suite of the shipped suites (data/suites; index >= EVAL_ROWS_RESERVED, shuffled with seed 0); aime25
@@ -147,6 +150,7 @@ def recipe(cfg: TrainConfig, upstream: dict | None, corrector_from: dict | None 
             "corr_grad": cfg.corr_grad, "lr": cfg.lr, "warmup": cfg.warmup, "rho": cfg.rho, "from": upstream,
             "corrector_from": corrector_from,
             **({"anchor_transition": True} if cfg.anchor_transition else {}),  # the paper's recipes keep their keys
+            **({"method": cfg.method} if cfg.method != "dcoco" else {}),
             **({"anchors": cfg.anchors} if cfg.anchors else {})}
 
 
@@ -167,7 +171,7 @@ def finished(out: Path, want: dict) -> dict | None:
 
 def train_stage(out: Path, cfg: TrainConfig, data: corpus.Corpus, embed, head, drafter, corrector=None,
                 progress: bool = True, upstream: dict | None = None,
-                corrector_from: dict | None = None) -> tuple[DFlashDrafter, Corrector | None, dict]:
+                corrector_from: dict | None = None) -> tuple[DFlashDrafter, checkpoint.Second | None, dict]:
     """Train once: a stage finished with this recipe (done.json) is loaded, an interrupted one resumed."""
     want = recipe(cfg, upstream, corrector_from)
     info = finished(out, want)
@@ -193,8 +197,9 @@ def stage_config(mode: str, steps: int, device: str, **kw) -> TrainConfig:
 
 def train_all(size: Size, work: Path, data: corpus.Corpus, model, tok, device: str, progress: bool) -> dict:
     """{name: (drafter, corrector or selector, info)}: baseline_stages, then from dflash-long and the corrector
-    joint_steps joint steps: dcoco-drafter (JOINT_CORR_GRAD) and online (0). Training mutates its drafter and
-    corrector, hence the copies."""
+    joint_steps joint steps: dcoco-drafter (JOINT_CORR_GRAD) and online (0); and from dflash-long and each
+    baseline's frozen-trained head as many steps of that method's published recipe (domino-recipe,
+    dspark-recipe). Training mutates its drafter and corrector, hence the copies."""
     out, _ = baseline_stages(size, work, data, model, tok, device, progress)
     base = out["dflash-long"]
     embed, head = model.get_input_embeddings().weight.detach(), model.get_output_embeddings().weight.detach()
@@ -203,6 +208,12 @@ def train_all(size: Size, work: Path, data: corpus.Corpus, model, tok, device: s
         out[name] = train_stage(work / name, cfg, data, embed, head, copy.deepcopy(base[0]),
                                 copy.deepcopy(out["corrector"][1]), progress=progress, upstream=base[2]["recipe"],
                                 corrector_from=out["corrector"][2]["recipe"])
+    for method in ("domino", "dspark"):
+        cfg = stage_config("joint", size.joint_steps, device, anchors=size.anchors, lr=JOINT_LR, method=method)
+        out[f"{method}-recipe"] = train_stage(work / f"{method}-recipe", cfg, data, embed, head,
+                                              copy.deepcopy(base[0]), copy.deepcopy(out[method][1]),
+                                              progress=progress, upstream=base[2]["recipe"],
+                                              corrector_from=out[method][2]["recipe"])
     return out
 
 
@@ -304,6 +315,8 @@ def methods(trained: dict, rules: tuple[str, ...]) -> dict[str, tuple]:
     out[ANCHOR] = (d0, trained["anchor"][1], "greedy")
     out[DOMINO] = (d0, trained["domino"][1], "greedy")
     out[DSPARK] = (d0, trained["dspark"][1], "greedy")
+    for name, stage in ((DOMINO_RECIPE, "domino-recipe"), (DSPARK_RECIPE, "dspark-recipe")):
+        out[name] = (trained[stage][0], trained[stage][1], "greedy")
     return out
 
 
@@ -378,7 +391,7 @@ def run(size: str = "default", device: str = "cpu", out: str | Path | None = Non
     overall = {m: [r for rs in suites.values() for r in rs] for m, suites in per.items()}
     sim = {"methods": simulate.report(per, "DFlash"), "max_new_tokens": s.sim_tokens,  # per suite too
            "ratios": {base: tau_table(overall, base) for base in (FROZEN, ONLINE, CONTINUED, DFLASH2, DOMINO,
-                                                                  DSPARK)},  # overall only
+                                                                  DSPARK, DOMINO_RECIPE, DSPARK_RECIPE)},  # overall
            "seconds": time.monotonic() - t1}
     ev = evaluate_all(model, engines, {n: p[:s.rows] for n, p in prompts.items()}, s.max_new_tokens, progress)
     res: dict[str, Any]  # the JSON written below

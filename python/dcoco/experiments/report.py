@@ -15,6 +15,8 @@ FROZEN, ONLINE = "DCOCO, frozen drafter", "DCOCO online corrector (drafter not c
 CONTINUED = "DFlash, trained on alone (the joint drafter's budget)"
 ANCHOR = "DCOCO anchor-aware, frozen drafter (beyond the paper)"
 DOMINO, DSPARK = "DFlash + Domino head (frozen drafter)", "DFlash + DSpark Markov head (frozen drafter)"
+DOMINO_RECIPE = "Domino, its recipe (drafter co-trained)"
+DSPARK_RECIPE = "DSpark, its recipe (drafter co-trained)"
 
 
 def headline(ev: dict, sim: dict, rules: tuple[str, ...], dcoco: str, joint_corr_grad: float,
@@ -60,7 +62,7 @@ def headline(ev: dict, sim: dict, rules: tuple[str, ...], dcoco: str, joint_corr
             "tau_ratio_dflash2_ci": sel["ratio_ci"],
             "headroom_captured_dcoco": captured(dco["tau"]), "headroom_captured_frozen": captured(frozen["tau"]),
             "headroom_captured_joint": captured(joint["tau"]),
-            **anchor_keys(m, vs, real), **baseline_keys(m, vs),
+            **anchor_keys(m, vs, real), **baseline_keys(m, vs), **recipe_keys(m, vs, joint_name),
             "headroom_captured_walk": {name: walk_share(row["overall"]["tau"], dfl) for name, row in m.items()},
             "speedup_dcoco_over_dflash": tps["dcoco"] / tps["dflash"], "coverage": dfl["coverage_tf"],
             "coverage_seen": dfl["coverage_tf_seen"], "simulated_prompts": dfl["prompts"],
@@ -92,6 +94,18 @@ def baseline_keys(m: dict, vs: dict) -> dict:
             "tau_ratio_dcoco_over_dspark_ci": vs[DSPARK][FROZEN]["ratio_ci"], "best_baseline": best,
             "tau_ratio_anchor_over_best_baseline": vs[best][ANCHOR]["ratio"],
             "tau_ratio_anchor_over_best_baseline_ci": vs[best][ANCHOR]["ratio_ci"]}
+
+
+def recipe_keys(m: dict, vs: dict, joint_name: str) -> dict:
+    """The paper's baselines on their published recipes (drafter and head trained together on the head's own
+    objective, with DCOCO joint's budget from the same drafter): tau, and DCOCO joint over each (paired CIs)."""
+    out = {}
+    for key, name in (("domino", DOMINO_RECIPE), ("dspark", DSPARK_RECIPE)):
+        row = m[name]["overall"]
+        out.update({f"tau_{key}_recipe": row["tau"], f"tau_{key}_recipe_ci": row["tau_ci"],
+                    f"tau_ratio_joint_over_{key}_recipe": vs[name][joint_name]["ratio"],
+                    f"tau_ratio_joint_over_{key}_recipe_ci": vs[name][joint_name]["ratio_ci"]})
+    return out
 
 
 def walk_share(tau: float, dflash: dict) -> float | None:
@@ -161,6 +175,9 @@ def table(res: dict) -> str:
                  f"{_ci(h['tau_ratio_dcoco_over_domino_ci'])}, / DSpark {h['tau_ratio_dcoco_over_dspark']:.3f}x"
                  f"{_ci(h['tau_ratio_dcoco_over_dspark_ci'])}, anchor-aware / the stronger ({h['best_baseline']}) "
                  f"{h['tau_ratio_anchor_over_best_baseline']:.3f}x{_ci(h['tau_ratio_anchor_over_best_baseline_ci'])}; "
+                 f"DCOCO joint / Domino's recipe {h['tau_ratio_joint_over_domino_recipe']:.3f}x"
+                 f"{_ci(h['tau_ratio_joint_over_domino_recipe_ci'])}, / DSpark's recipe "
+                 f"{h['tau_ratio_joint_over_dspark_recipe']:.3f}x{_ci(h['tau_ratio_joint_over_dspark_recipe_ci'])}; "
                  f"any-candidate oracle tau {h['tau_oracle_walk']:.3f}; lossless: {h['lossless']}")
     for name, c in res.get("costs", {}).items():
         lines.append(f"  {name}: {c['parameters'] / 1e3:.0f}k parameters, {c['flops_per_round']['greedy'] / 1e6:.1f} "
@@ -206,7 +223,9 @@ def plots(res: dict, work: Path, out: Path, prefix: str) -> list[Path]:
                                   ("online", "tau_dflash", "DFlash drafter trained on alone", warm),
                                   ("online", "tau_dcoco", "+ online corrector (drafter not co-trained)", warm),
                                   ("dcoco-drafter", "tau_dflash", "DCOCO joint drafter, argmax", warm),
-                                  ("dcoco-drafter", "tau_dcoco", "DCOCO joint drafter + corrector", warm)):
+                                  ("dcoco-drafter", "tau_dcoco", "DCOCO joint drafter + corrector", warm),
+                                  ("domino-recipe", "tau_head", "Domino's recipe, drafter + head", warm),
+                                  ("dspark-recipe", "tau_head", "DSpark's recipe, drafter + head", warm)):
         log = work / stage / "log.jsonl"
         if log.is_file():
             recs = [r for r in read_records(log) if key in r]

@@ -13,7 +13,14 @@ reading the Markov embedding (`enable_confidence_head`, `confidence_head_with_ma
 `sample_from_anchor: false` / `dspark_bonus_anchor: true`: the block is DFlash's [anchor, mask x N], the mask
 slots predict, and the Markov walk starts from the anchor token, the contract DSparkHead is trained under. The
 head's tensors go under vLLM's names: markov_head.markov_w1.weight (V,r), markov_head.markov_w2.weight (V,r),
-confidence_head.proj.weight (1,d+r) and confidence_head.proj.bias (1,), zero: DSparkHead has no bias."""
+confidence_head.proj.weight (1,d+r) and confidence_head.proj.bias (1,), zero: DSparkHead has no bias.
+
+The Domino layout (a drafter trained with Domino's head; no server loads it, dcoco's engine and `dcoco eval` do):
+the DFlash config with `architectures: ["DFlashDominoDraftModel"]` and `domino_config: {gru_size, mid_size}`, the
+head's tensors under `domino.` (DominoHead's state_dict names; its GRU reads the target's embeddings, as wide as
+the drafter).
+
+save and load take and give any of the three modules beside the drafter: a Corrector, a DSparkHead, a DominoHead."""
 
 from __future__ import annotations
 
@@ -27,6 +34,7 @@ from ..ops import fused
 from ..corrector import Corrector
 from .dflash import ARCHITECTURE as DFLASH_ARCHITECTURE
 from .dflash import DFlashDrafter
+from .domino import DominoHead
 from .dspark import DSparkHead
 from ..files import replacing_folder
 from .weights import check_state, read_config, read_tensors
@@ -39,6 +47,10 @@ DSPARK_NAMES = {"markov_w1.weight": "markov_head.markov_w1.weight",  # DSparkHea
                 "confidence_proj.weight": "confidence_head.proj.weight"}
 DSPARK_BIAS = "confidence_head.proj.bias"
 DSPARK_PREFIXES = ("markov_head.", "confidence_head.")
+DOMINO_ARCHITECTURE = "DFlashDominoDraftModel"
+DOMINO_PREFIX = "domino."
+
+Second = Corrector | DSparkHead | DominoHead  # what a checkpoint may hold beside the drafter
 
 
 def _not_checkpoint_file(name: str) -> bool:
@@ -46,15 +58,30 @@ def _not_checkpoint_file(name: str) -> bool:
     return name not in ("config.json", "model.safetensors.index.json") and not name.endswith(".safetensors")
 
 
-def save(path: str | Path, drafter: DFlashDrafter, corrector: Corrector | None = None,
+def save(path: str | Path, drafter: DFlashDrafter, corrector: Second | None = None,
          selection: str = "greedy", dtype: torch.dtype | None = None) -> None:
-    """Write drafter (+ corrector) to the directory path: the new config.json and model.safetensors are written
-    beside it, fsynced, and swapped in with the folder in one step (files.replacing_folder), so a reader sees the
-    old checkpoint or the new one, never one's config with the other's tensors; the folder's other files stay. A
-    failed write is an OSError naming the folder, which is then as it was. selection: the path rule a server
-    should use. dtype: the stored dtype (default: the drafter's; serving checkpoints are usually bfloat16)."""
+    """Write drafter (+ corrector, or a DSpark or Domino head in its layout) to the directory path: the new
+    config.json and model.safetensors are written beside it, fsynced, and swapped in with the folder in one step
+    (files.replacing_folder), so a reader sees the old checkpoint or the new one, never one's config with the
+    other's tensors; the folder's other files stay. A failed write is an OSError naming the folder, which is then
+    as it was. selection: the path rule a server should use. dtype: the stored dtype (default: the drafter's;
+    serving checkpoints are usually bfloat16)."""
+    if isinstance(corrector, DSparkHead):
+        save_dspark(path, drafter, corrector, dtype)
+        return
     if not isinstance(drafter, DFlashDrafter):
         raise TypeError(f"drafter: expected a DFlashDrafter, got {type(drafter).__name__}")
+    if isinstance(corrector, DominoHead):
+        _check_head(drafter, corrector)
+        if corrector.embed_size != drafter.config.hidden_size:
+            raise ValueError(f"head: embed_size {corrector.embed_size} differs from the drafter's hidden_size "
+                             f"{drafter.config.hidden_size} (the target's embeddings)")
+        config = {"architectures": [DOMINO_ARCHITECTURE],
+                  "domino_config": {"gru_size": corrector.gru_size, "mid_size": corrector.mid_size}}
+        tensors = {DOMINO_PREFIX + k: v for k, v in corrector.state_dict().items()}
+        _replace(path, lambda tmp: drafter.save_pretrained(tmp, extra_tensors=tensors, config_update=config,
+                                                           dtype=dtype))
+        return
     if corrector is not None:
         _check_corrector(drafter, corrector, selection)
     _replace(path, lambda tmp: _write(tmp, drafter, corrector, selection, dtype))
@@ -81,9 +108,18 @@ def _umask() -> int:
     return mask
 
 
+def _check_head(drafter: DFlashDrafter, head: DSparkHead | DominoHead) -> None:
+    c = drafter.config
+    for name, mine, theirs in (("vocab_size", head.vocab_size, c.vocab_size),
+                               ("hidden_size", head.hidden_size, c.hidden_size)):
+        if mine != theirs:
+            raise ValueError(f"head: {name} {mine} differs from the drafter's {theirs}")
+
+
 def _check_corrector(drafter: DFlashDrafter, corrector, selection: str) -> None:
     if not isinstance(corrector, Corrector):
-        raise TypeError(f"corrector: expected a dcoco.Corrector or None, got {type(corrector).__name__}")
+        raise TypeError(f"corrector: expected a dcoco.Corrector, DSparkHead, DominoHead or None, got "
+                        f"{type(corrector).__name__}")
     if corrector.hidden_size != drafter.config.hidden_size:
         raise ValueError(f"corrector: hidden_size {corrector.hidden_size} differs from the drafter's "
                          f"{drafter.config.hidden_size}")
@@ -106,13 +142,19 @@ def _write(path: Path, drafter: DFlashDrafter, corrector: Corrector | None, sele
 
 
 def load(path: str | Path, dtype: torch.dtype | None = None,
-         device: torch.device | str = "cpu") -> tuple[DFlashDrafter, Corrector | None]:
-    """(drafter, corrector) from a DCOCO checkpoint, (drafter, None) from a plain DFlash one. dtype defaults
-    to the checkpoint's. ValueError names what is wrong: architecture, dcoco_config, corrector tensors."""
+         device: torch.device | str = "cpu") -> tuple[DFlashDrafter, Second | None]:
+    """(drafter, corrector) from a DCOCO checkpoint, (drafter, head) from a DSpark or Domino one, (drafter, None)
+    from a plain DFlash one. dtype defaults to the checkpoint's. ValueError names what is wrong: architecture,
+    dcoco_config, the corrector's or head's tensors."""
     path = Path(path)
     cfg = read_config(path)
     arch = cfg.get("architectures")
-    dcoco = ARCHITECTURE in (arch if isinstance(arch, list) else [])
+    arch = arch if isinstance(arch, list) else []
+    if DSPARK_ARCHITECTURE in arch:
+        return load_dspark(path, dtype, device)
+    if DOMINO_ARCHITECTURE in arch:
+        return _load_domino(path, cfg, dtype, device)
+    dcoco = ARCHITECTURE in arch
     if not dcoco:
         if "dcoco_config" in cfg:
             raise ValueError(f"{path}: dcoco_config given but architectures is {arch!r}, not [{ARCHITECTURE!r}]")
@@ -129,6 +171,28 @@ def load(path: str | Path, dtype: torch.dtype | None = None,
     dtype = dtype or drafter.fc.weight.dtype
     corrector.load_state_dict({k: v.to(device=device, dtype=dtype) for k, v in tensors.items()}, assign=True)
     return drafter, corrector
+
+
+def _load_domino(path: Path, cfg: dict, dtype: torch.dtype | None,
+                 device: torch.device | str) -> tuple[DFlashDrafter, DominoHead]:
+    dc = cfg.get("domino_config")
+    sizes = dc if isinstance(dc, dict) else {}
+    for key in ("gru_size", "mid_size"):
+        v = sizes.get(key)
+        if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+            raise ValueError(f"{path}: domino_config.{key}: expected an integer >= 1, got {v!r}")
+    drafter = DFlashDrafter.from_pretrained(path, dtype, device, architectures=(DOMINO_ARCHITECTURE,),
+                                            skip_prefix=DOMINO_PREFIX)
+    c = drafter.config
+    with torch.device("meta"):
+        head = DominoHead(c.hidden_size, c.hidden_size, c.vocab_size, sizes["gru_size"], sizes["mid_size"])
+    tensors = {k[len(DOMINO_PREFIX):]: v
+               for k, v in read_tensors(path, lambda k: k.startswith(DOMINO_PREFIX)).items()}
+    check_state(tensors, {k: v.shape for k, v in head.state_dict().items()}, str(path),
+                "Domino head tensors do not match domino_config", DOMINO_PREFIX)
+    dtype = dtype or drafter.fc.weight.dtype
+    head.load_state_dict({k: v.to(device=device, dtype=dtype) for k, v in tensors.items()}, assign=True)
+    return drafter, head
 
 
 def export(src: str | Path, out: str | Path, drafter_only: bool = False, dtype: str | None = None,
@@ -164,11 +228,7 @@ def save_dspark(path: str | Path, drafter: DFlashDrafter, head: DSparkHead, dtyp
         raise TypeError(f"drafter: expected a DFlashDrafter, got {type(drafter).__name__}")
     if not isinstance(head, DSparkHead):
         raise TypeError(f"head: expected a dcoco.modeling.dspark.DSparkHead, got {type(head).__name__}")
-    c = drafter.config
-    for name, mine, theirs in (("vocab_size", head.vocab_size, c.vocab_size),
-                               ("hidden_size", head.hidden_size, c.hidden_size)):
-        if mine != theirs:
-            raise ValueError(f"head: {name} {mine} differs from the drafter's {theirs}")
+    _check_head(drafter, head)
     state = head.state_dict()
     tensors = {DSPARK_NAMES[k]: v for k, v in state.items()}
     tensors[DSPARK_BIAS] = torch.zeros(1, dtype=state["confidence_proj.weight"].dtype)

@@ -23,6 +23,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from ..ops import checks
+from .dflash import decayed_mean
 
 
 class DominoHead(nn.Module):
@@ -96,9 +97,10 @@ class DominoHead(nn.Module):
 
     def loss(self, hidden: torch.Tensor, base_logits: torch.Tensor, anchor_ids: torch.Tensor,
              target_ids: torch.Tensor, valid: torch.Tensor, embed: torch.Tensor, lam: float,
-             gamma: float = 7.0) -> torch.Tensor:
-        """(1 - lam) CE(logits) + lam CE(U) per valid slot, weighted exp(-(k-1)/gamma) and normalised like
-        dflash_loss; teacher-forced (the GRU reads the anchor then target_ids)."""
+             gamma: float = 7.0) -> tuple[torch.Tensor, torch.Tensor]:
+        """(loss, picks): (1 - lam) CE(logits) + lam CE(U) per valid slot, reduced like the DFlash loss
+        (decayed_mean); picks (R,B) the teacher-forced argmax of the final logits, detached (the GRU reads the
+        anchor then target_ids, so the leading run of right picks is the greedy walk's)."""
         if not (isinstance(lam, (int, float)) and 0 <= lam <= 1):
             raise ValueError(f"lam: expected a number in [0, 1], got {lam!r}")
         prev = torch.cat([anchor_ids.long()[:, None], target_ids[:, :-1].long()], 1)
@@ -108,8 +110,7 @@ class DominoHead(nn.Module):
         ce = (1 - lam) * F.cross_entropy(final.reshape(-1, V), labels, reduction="none")
         if lam:
             ce = ce + lam * F.cross_entropy(base_logits.float().reshape(-1, V), labels, reduction="none")
-        w = torch.exp(-torch.arange(B, device=final.device, dtype=torch.float32) / gamma).expand(R, B) * valid
-        return (ce * w.reshape(-1)).sum() / w.sum().clamp_min(1e-12)
+        return decayed_mean(ce.view(R, B), valid, gamma), final.detach().argmax(-1)
 
 
 def curriculum(step: float, total: float) -> float:

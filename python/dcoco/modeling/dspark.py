@@ -27,6 +27,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from ..ops import checks
+from .dflash import decayed_mean
 
 LOSS_WEIGHTS = (0.1, 0.9, 1.0)  # cross-entropy, L1 between the distributions, the confidence's BCE
 
@@ -94,11 +95,12 @@ class DSparkHead(nn.Module):
 
     def loss(self, hidden: torch.Tensor, base_logits: torch.Tensor, anchor_ids: torch.Tensor,
              target_ids: torch.Tensor, valid: torch.Tensor, target_logits: torch.Tensor | None = None,
-             gamma: float = 7.0) -> torch.Tensor:
-        """LOSS_WEIGHTS . (CE, |p_d - p_t|_1, BCE(c, c*)) per valid slot, weighted exp(-(k-1)/gamma) and
-        normalised like dflash_loss; teacher-forced (slot k's predecessor is the target's token at k-1, the
-        anchor for slot 1). target_logits (R,B,V): the target's logits at the slots (p_t = their softmax); None:
-        p_t is the point mass at target_ids, so |p_d - p_t|_1 = 2 (1 - p_d(target))."""
+             gamma: float = 7.0) -> tuple[torch.Tensor, torch.Tensor]:
+        """(loss, picks): LOSS_WEIGHTS . (CE, |p_d - p_t|_1, BCE(c, c*)) per valid slot, reduced like the DFlash
+        loss (decayed_mean); picks (R,B) the teacher-forced argmax of the final logits, detached. Teacher-forced:
+        slot k's predecessor is the target's token at k-1, the anchor for slot 1. target_logits (R,B,V): the
+        target's logits at the slots (p_t = their softmax); None: p_t is the point mass at target_ids, so
+        |p_d - p_t|_1 = 2 (1 - p_d(target))."""
         prev = torch.cat([anchor_ids.long()[:, None], target_ids[:, :-1].long()], 1)
         final = self.logits(base_logits, prev)
         R, B, V = final.shape
@@ -112,6 +114,4 @@ class DSparkHead(nn.Module):
         want = (1 - 0.5 * l1).detach().clamp(0, 1)
         bce = F.binary_cross_entropy(self.confidence(hidden, prev), want, reduction="none")
         a, b, c = LOSS_WEIGHTS
-        per_slot = a * ce + b * l1 + c * bce
-        w = torch.exp(-torch.arange(B, device=final.device, dtype=torch.float32) / gamma).expand(R, B) * valid
-        return (per_slot * w).sum() / w.sum().clamp_min(1e-12)
+        return decayed_mean(a * ce + b * l1 + c * bce, valid, gamma), final.detach().argmax(-1)

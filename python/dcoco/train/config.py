@@ -6,6 +6,7 @@ import dataclasses
 import math
 
 MODES = ("drafter", "corrector", "joint")
+METHODS = ("dcoco", "domino", "dspark")
 SAVE_DTYPES = ("bfloat16", "float16", "float32")
 
 
@@ -25,6 +26,11 @@ WHAT, OPTIM, MEMORY = "what to train", "optimisation", "memory and runs"
 class TrainConfig:
     mode: str = _field("joint", WHAT, "drafter: DFlash loss; corrector: L_corr on a frozen drafter (needs --init); "
                                       "joint: both (default: %(default)s)", choices=MODES, stage=True, resume=True)
+    method: str = _field("dcoco", WHAT, "what re-selects the draft in corrector and joint modes: dcoco (the "
+                                        "corrector, L_corr), or the paper's baselines' heads with their own "
+                                        "objectives: domino (its base-anchored curriculum over the run), dspark "
+                                        "(its CE + L1 + confidence loss) (default: %(default)s)", choices=METHODS,
+                         stage=True, resume=True)
     out: str = _field("runs/dcoco", WHAT, "checkpoint directory: serving layout, train_state.pt, log.jsonl (default: "
                                           "%(default)s)", stage=True)
     epochs: int = _field(1, OPTIM, "(%(default)s)", stage=True)
@@ -88,6 +94,13 @@ class TrainConfig:
                 _positive_int(f, getattr(self, f))
         if isinstance(self.eval_sequences, bool) or not isinstance(self.eval_sequences, int) or self.eval_sequences < 0:
             raise ValueError(f"eval_sequences: expected an integer >= 0, got {self.eval_sequences!r}")
+        if self.method not in METHODS:
+            raise ValueError(f"method: expected one of {METHODS}, got {self.method!r}")
+        if self.method != "dcoco" and self.mode == "drafter":
+            raise ValueError(f"method: {self.method!r} trains a head beside the drafter; mode 'drafter' trains the "
+                             f"drafter alone (pick mode 'corrector' or 'joint', or method 'dcoco')")
+        if self.method != "dcoco" and self.anchor_transition:
+            raise ValueError(f"anchor_transition: DCOCO's corrector only, got method {self.method!r}")
         if self.loss_vocab is not None and self.mode != "drafter":
             raise ValueError(f"loss_vocab: a shortlisted DFlash loss is for mode 'drafter' (the corrector needs the "
                              f"full head's top-K), got mode {self.mode!r}")

@@ -85,8 +85,8 @@ def objective(model: Model, b: dict[str, torch.Tensor], embed: torch.Tensor, hea
             U = DFlashDrafter.compute_logits(h, head).float()
         target = b["target"].long().masked_fill(~b["valid"], 0)  # past the response: weight 0, any id
         if isinstance(model, DominoHead):
-            return model.loss(h, U, b["anchor_ids"], target, b["valid"], embed, curriculum(done, 1))
-        return model.loss(h, U, b["anchor_ids"], target, b["valid"])
+            return model.loss(h, U, b["anchor_ids"], target, b["valid"], embed, curriculum(done, 1))[0]
+        return model.loss(h, U, b["anchor_ids"], target, b["valid"])[0]
     if isinstance(model, Corrector):
         if not model.anchor_transition:
             return correction_loss(model.score(h, ids, vals, embed), ids, b["target"], b["valid"], rho)

@@ -1,12 +1,16 @@
-"""The training objective: DFlash loss, L_corr and teacher-forced tau for one batch."""
+"""The training objective for one batch: the DFlash loss and L_corr (DCOCO), or a baseline head's own loss
+(Domino's, DSpark's), and teacher-forced tau."""
 
 from __future__ import annotations
 
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 from ..corrector import Corrector
 from ..modeling.dflash import DFlashDrafter, decayed_mean
+from ..modeling.domino import DominoHead, curriculum
+from ..modeling.dspark import DSparkHead
 from ..modeling.head import shortlist_ce, topk_ce
 from ..loss import correction_loss
 from ..ops.select import select
@@ -21,15 +25,20 @@ def corrector_scores(corrector: Corrector, hidden: torch.Tensor, cand_ids: torch
     return corrector.score(hidden, cand_ids, cand_logits, embed, anchor_ids)
 
 
+Head = DominoHead | DSparkHead
+
+
 class Objective(nn.Module):
     """Losses and teacher-forced tau for one batch; holds the trained modules (what DDP wraps). Slot j of the
-    block at anchor p is supervised by labels[p+j], the verifier's argmax (both losses; on a greedy corpus it
-    is the next corpus token), and valid while p+j is inside the sequence's response."""
+    block at anchor p is supervised by labels[p+j], the verifier's argmax (every loss; on a greedy corpus it
+    is the next corpus token), and valid while p+j is inside the sequence's response. corrector: DCOCO's, or a
+    baseline's head (cfg.method); done: the share of the run behind, set by the loop (Domino's curriculum)."""
 
-    def __init__(self, drafter: DFlashDrafter, corrector: Corrector | None, cfg: TrainConfig,
+    def __init__(self, drafter: DFlashDrafter, corrector: Corrector | Head | None, cfg: TrainConfig,
                  vocab: torch.Tensor | None = None):
         super().__init__()
         self.drafter, self.corrector, self.cfg, self.vocab = drafter, corrector, cfg, vocab
+        self.done = 0.0
 
     def forward(self, batch: dict[str, torch.Tensor], embed: torch.Tensor,
                 head: torch.Tensor) -> dict[str, torch.Tensor]:
@@ -41,6 +50,8 @@ class Objective(nn.Module):
         target = labels.gather(1, at).view(N * A, bs - 1)
         real = batch["anchor_ok"].reshape(-1)
         valid = ((pos < S) & batch["response"].gather(1, at).view(N, A, -1)).view(N * A, -1) & real[:, None]
+        if isinstance(self.corrector, (DominoHead, DSparkHead)):
+            return self._head(batch, target, valid, real, embed, head)
 
         with torch.set_grad_enabled(torch.is_grad_enabled() and mode != "corrector"):
             out_block = self.drafter(ids, batch["hidden"], anchors, embed)  # (N,A,bs,d): the anchor, then B slots
@@ -73,6 +84,32 @@ class Objective(nn.Module):
         out["loss"] = {"drafter": out["dflash"], "corrector": out["corr"], "joint": out["dflash"] + out["corr"]}[mode]
         out["blocks"] = real.sum()
         return out
+
+
+    def _head(self, batch: dict[str, torch.Tensor], target: torch.Tensor, valid: torch.Tensor, real: torch.Tensor,
+              embed: torch.Tensor, head: torch.Tensor) -> dict[str, torch.Tensor]:
+        """A baseline head's own loss (it holds its backbone term: Domino's lam CE(U), DSpark's terms on U plus
+        the Markov term), over the drafter's logits U on the whole vocabulary: in joint mode it trains the drafter
+        too, as each method's published recipe does. dflash: the DFlash loss of U, logged."""
+        cfg, model = self.cfg, self.corrector
+        ids, anchors = batch["ids"], batch["anchors"]
+        N, A = anchors.shape
+        with torch.set_grad_enabled(torch.is_grad_enabled() and cfg.mode == "joint"):
+            out_block = self.drafter(ids, batch["hidden"], anchors, embed)
+        h = out_block[:, :, 1:].reshape(N * A, -1, out_block.shape[-1])
+        U = DFlashDrafter.compute_logits(h, head).float()
+        labels = torch.where(valid, target, torch.zeros_like(target))
+        anchor_ids = ids.gather(1, anchors).reshape(-1)
+        if isinstance(model, DominoHead):
+            loss, picks = model.loss(h, U, anchor_ids, labels, valid, embed, curriculum(self.done, 1), cfg.gamma)
+        else:
+            assert isinstance(model, DSparkHead)
+            loss, picks = model.loss(h, U, anchor_ids, labels, valid, gamma=cfg.gamma)
+        with torch.no_grad():
+            ce = F.cross_entropy(U.flatten(0, 1), labels.reshape(-1), reduction="none").view_as(labels)
+        return {"dflash": decayed_mean(ce, valid, cfg.gamma), "corr": loss, "loss": loss, "blocks": real.sum(),
+                "tau_dflash": _tau(U.detach().argmax(-1), target, valid, real),
+                "tau_head": _tau(picks, target, valid, real)}
 
 
 def _scale_grad(x: torch.Tensor, w: float) -> torch.Tensor:

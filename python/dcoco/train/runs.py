@@ -16,6 +16,7 @@ from typing import IO
 
 import torch
 import torch.distributed as dist
+from torch import nn
 from torch.optim.lr_scheduler import LambdaLR
 from tqdm import tqdm
 
@@ -24,6 +25,8 @@ from ..jsonl import BadLine, read_lines
 from ..modeling import checkpoint
 from ..corrector import Corrector
 from ..modeling.dflash import DFlashDrafter
+from ..modeling.domino import DominoHead
+from ..modeling.dspark import DSparkHead
 from .config import RESUME_KEYS, TrainConfig
 from .objective import Objective
 
@@ -122,11 +125,18 @@ def _to_cpu(x):
     return x
 
 
-def _cpu_module(m: DFlashDrafter | Corrector) -> DFlashDrafter | Corrector:
-    """A CPU copy of a drafter or corrector, built on the meta device (no second copy on the GPU)."""
+def _cpu_module(m: nn.Module) -> nn.Module:
+    """A CPU copy of a drafter, corrector or head, built on the meta device (no second copy on the GPU)."""
     with torch.device("meta"):
-        copy = DFlashDrafter(m.config) if isinstance(m, DFlashDrafter) else \
-            Corrector(m.hidden_size, m.num_candidates, m.width, m.mlp_hidden, m.anchor_transition)
+        if isinstance(m, DFlashDrafter):
+            copy: nn.Module = DFlashDrafter(m.config)
+        elif isinstance(m, DominoHead):
+            copy = DominoHead(m.hidden_size, m.embed_size, m.vocab_size, m.gru_size, m.mid_size)
+        elif isinstance(m, DSparkHead):
+            copy = DSparkHead(m.hidden_size, m.vocab_size, m.rank)
+        else:
+            assert isinstance(m, Corrector)
+            copy = Corrector(m.hidden_size, m.num_candidates, m.width, m.mlp_hidden, m.anchor_transition)
     copy.load_state_dict({k: v.detach().to("cpu", copy=True) for k, v in m.state_dict().items()}, assign=True)
     return copy
 

@@ -1,5 +1,6 @@
 """Training on a cached corpus (corpus.py): a DFlash drafter (mode "drafter"), a DCOCO corrector on a frozen
-drafter ("corrector"), or both jointly ("joint": DFlash loss + L_corr). DDP under torchrun, only rank 0
+drafter ("corrector"), or both jointly ("joint": DFlash loss + L_corr); with cfg.method "domino" or "dspark", that
+baseline's head in place of the corrector, on its own objective. DDP under torchrun, only rank 0
 writes; resumable; deterministic given the seed. The loop is here; config, batches, objective, distributed and
 runs hold its parts."""
 
@@ -21,10 +22,12 @@ from ..target.corpus import Corpus
 from ..target.features import TargetFeatures, TokenCorpus
 from ..corrector import Corrector
 from ..modeling.dflash import DFlashConfig, DFlashDrafter
+from ..modeling.domino import DominoHead
+from ..modeling.dspark import DSparkHead
 from .batches import Schedule, collate, frequent_tokens, sample_anchors
 from .config import TrainConfig
 from .distributed import init_distributed, resolve_device
-from .objective import Objective, _tau
+from .objective import Head, Objective, _tau
 from .optim import warmup_cosine
 from .runs import RunLock, Saver, fresh, log_eval, log_step, resume, run_differences, run_files, saved_progress
 
@@ -37,7 +40,7 @@ __all__ = ["Objective", "Schedule", "TrainConfig", "TrainResult", "_tau", "colla
 @dataclasses.dataclass
 class TrainResult:
     drafter: DFlashDrafter
-    corrector: Corrector | None
+    corrector: Corrector | Head | None   # DCOCO's corrector, or the head cfg.method names
     step: int
     history: list[dict]   # one record per step this process ran: losses, tau, lr (global over ranks), seconds
 
@@ -53,13 +56,14 @@ def _start(out: Path, cfg: TrainConfig, total: int, rank: int, world: int, objec
 
 
 def train(cfg: TrainConfig, corpus: Corpus | TokenCorpus, embed: torch.Tensor, head: torch.Tensor,
-          drafter: DFlashDrafter | DFlashConfig, corrector: Corrector | None = None,
+          drafter: DFlashDrafter | DFlashConfig, corrector: Corrector | Head | None = None,
           progress: bool = True, target: TargetFeatures | None = None) -> TrainResult:
     """Train per cfg.mode; writes cfg.out/{config.json, model.safetensors} (checkpoint.save), train_state.pt,
     log.jsonl and, with held-out sequences, eval.jsonl (rank 0 only). embed/head: the target's frozen (V,d)
     embedding and LM-head weights.
     drafter: a DFlashDrafter (e.g. checkpoint.load) or a DFlashConfig for a fresh one (seeded). corrector:
-    trained in corrector/joint modes (fresh and seeded when None), kept frozen in drafter mode. target: the frozen
+    trained in corrector/joint modes (fresh and seeded when None; a DominoHead or DSparkHead for cfg.method domino
+    or dspark), kept frozen in drafter mode. target: the frozen
     target that computes each batch's features and labels (target/features.py), needed by a TokenCorpus."""
     _check_inputs(cfg, corpus, drafter, target)
     rank, world = init_distributed(cfg.dist_timeout)
@@ -104,6 +108,7 @@ def train(cfg: TrainConfig, corpus: Corpus | TokenCorpus, embed: torch.Tensor, h
         bar = tqdm(total=total, initial=start, desc=f"train {cfg.mode}", disable=rank != 0 or not progress)
         while step < end:
             t_step = time.monotonic()
+            objective.done = step / total
             res = _step(model, objective, opt, sched, step, embed, head, dev, target, world)
             lr = opt.param_groups[0]["lr"]
             opt.step()
@@ -157,24 +162,36 @@ def _check_inputs(cfg, corpus, drafter, target) -> None:
         raise ValueError("drafter: corrector mode trains on a frozen, trained drafter; pass a DFlashDrafter")
 
 
-def _modules(cfg: TrainConfig, corpus, drafter, corrector, target) -> tuple[DFlashDrafter, Corrector | None]:
-    """The drafter (a fresh one for a DFlashConfig) and the corrector (a fresh one when a mode trains it and none
-    is given), checked against each other, cfg and the features."""
+def _modules(cfg: TrainConfig, corpus, drafter, corrector,
+             target) -> tuple[DFlashDrafter, Corrector | Head | None]:
+    """The drafter (a fresh one for a DFlashConfig) and the corrector or head (a fresh one when a mode trains it
+    and none is given), checked against each other, cfg and the features."""
     if isinstance(drafter, DFlashConfig):
         drafter = DFlashDrafter(drafter)
     if not isinstance(drafter, DFlashDrafter):
         raise TypeError(f"drafter: expected a DFlashDrafter or DFlashConfig, got {type(drafter).__name__}")
-    d = drafter.config.hidden_size
+    d, V = drafter.config.hidden_size, drafter.config.vocab_size
+    kind: type[Corrector | Head] = {"dcoco": Corrector, "domino": DominoHead, "dspark": DSparkHead}[cfg.method]
     if corrector is None and cfg.mode != "drafter":
-        corrector = Corrector(d, cfg.num_candidates, cfg.width, cfg.mlp_hidden, cfg.anchor_transition)
-    if corrector is not None and corrector.hidden_size != d:
-        raise ValueError(f"corrector: hidden_size {corrector.hidden_size} differs from the drafter's {d}")
-    if corrector is not None and corrector.anchor_transition != cfg.anchor_transition:
-        raise ValueError(f"cfg.anchor_transition: {cfg.anchor_transition}, but the corrector has "
-                         f"anchor_transition={corrector.anchor_transition}")
-    if corrector is not None and corrector.num_candidates != cfg.num_candidates:
-        raise ValueError(f"cfg.num_candidates: {cfg.num_candidates}, but the corrector is for "
-                         f"K = {corrector.num_candidates}")
+        corrector = {"dcoco": lambda: Corrector(d, cfg.num_candidates, cfg.width, cfg.mlp_hidden,
+                                                cfg.anchor_transition),
+                     "domino": lambda: DominoHead(d, d, V), "dspark": lambda: DSparkHead(d, V)}[cfg.method]()
+    if corrector is not None and not isinstance(corrector, kind):
+        raise ValueError(f"corrector: method {cfg.method!r} trains a {kind.__name__}, got a "
+                         f"{type(corrector).__name__} (from --init?)")
+    if isinstance(corrector, (DominoHead, DSparkHead)):
+        if (corrector.hidden_size, corrector.vocab_size) != (d, V):
+            raise ValueError(f"corrector: a {type(corrector).__name__} for hidden_size {corrector.hidden_size} and "
+                             f"vocab_size {corrector.vocab_size}; the drafter has {d} and {V}")
+    elif isinstance(corrector, Corrector):
+        if corrector.hidden_size != d:
+            raise ValueError(f"corrector: hidden_size {corrector.hidden_size} differs from the drafter's {d}")
+        if corrector.anchor_transition != cfg.anchor_transition:
+            raise ValueError(f"cfg.anchor_transition: {cfg.anchor_transition}, but the corrector has "
+                             f"anchor_transition={corrector.anchor_transition}")
+        if corrector.num_candidates != cfg.num_candidates:
+            raise ValueError(f"cfg.num_candidates: {cfg.num_candidates}, but the corrector is for "
+                             f"K = {corrector.num_candidates}")
     src, width = ("target", target.feature_dim) if target is not None else ("corpus", corpus.feature_dim)
     if width != drafter.fc.in_features:
         raise ValueError(f"{src}: features are {width} wide, the drafter expects "
@@ -220,17 +237,24 @@ def _step(model: nn.Module, objective: Objective, opt: torch.optim.Optimizer, sc
 def _record(res: dict, step: int, lr: float, stop: bool, world: int, dev: torch.device) -> dict:
     """Global per-step numbers: losses averaged over ranks, tau over all blocks; stop if any rank stops."""
     tau = "tau_shortlist" if "tau_shortlist" in res else "tau_dflash"
+    second = _second_tau(res)
     v = torch.stack([res["loss"].detach().float(), res["dflash"].detach().float(), res["corr"].detach().float(),
-                     res[tau], res.get("tau_dcoco", torch.zeros((), device=dev)), res["blocks"].float(),
+                     res[tau], res.get(second, torch.zeros((), device=dev)), res["blocks"].float(),
                      torch.tensor(float(stop), device=dev)])
     if world > 1:
         dist.all_reduce(v)
     loss, dflash, corr, td, tc, blocks, stops = v.tolist()
     rec = {"step": step, "lr": lr, "loss": loss / world, "dflash": dflash / world, "corr": corr / world,
            tau: td / max(blocks, 1), "stop": stops > 0}
-    if "tau_dcoco" in res:
-        rec["tau_dcoco"] = tc / max(blocks, 1)
+    if second in res:
+        rec[second] = tc / max(blocks, 1)
     return rec
+
+
+def _second_tau(res: dict) -> str:
+    """The key of the re-selected draft's tau: tau_head for a baseline's head, else tau_dcoco (absent in drafter
+    mode)."""
+    return "tau_head" if "tau_head" in res else "tau_dcoco"
 
 
 def _features(batch: dict[str, torch.Tensor], target: TargetFeatures | None) -> dict[str, torch.Tensor]:
@@ -254,7 +278,7 @@ def _evaluate(objective: Objective, sched: Schedule, embed, head, step: int, wor
             res = objective(_features({k: t.to(dev) for k, t in b.items()}, target), embed, head)
         n = res["blocks"].float()
         v += torch.stack([res["loss"].float() * n, res["dflash"].float() * n, res["tau_dflash"],
-                          res.get("tau_dcoco", torch.zeros((), device=dev)), n])
+                          res.get(_second_tau(res), torch.zeros((), device=dev)), n])
     objective.train(was)
     if world > 1:
         dist.all_reduce(v)
@@ -262,5 +286,5 @@ def _evaluate(objective: Objective, sched: Schedule, embed, head, step: int, wor
     ev = {"step": step, "eval_loss": loss / max(n, 1), "eval_dflash": dflash / max(n, 1),
           "eval_tau_dflash": td / max(n, 1), "eval_blocks": int(n)}
     if objective.corrector is not None:
-        ev["eval_tau_dcoco"] = tc / max(n, 1)
+        ev["eval_tau_head" if objective.cfg.method != "dcoco" else "eval_tau_dcoco"] = tc / max(n, 1)
     return ev
