@@ -105,14 +105,14 @@ def test_demo_corpus_ships_as_token_ids():
 
 
 def test_a_stage_of_another_recipe_is_redone(tmp_path):
-    from dcoco.experiments import demo
+    from dcoco.train import stages
+    from dcoco.train.config import TrainConfig
 
-    cfg = demo.TrainConfig(mode="drafter", steps=5, loss_vocab=4096)
-    want = demo.recipe(cfg, upstream=None)
+    want = stages.recipe(TrainConfig(mode="drafter", steps=5, loss_vocab=4096), upstream=None)
     stage = tmp_path / "dflash"
     stage.mkdir()
-    (stage / "done.json").write_text(json.dumps({"recipe": want, "steps": 5}))
-    assert demo.finished(stage, want)["steps"] == 5
-    assert demo.finished(stage, demo.recipe(demo.TrainConfig(mode="drafter", steps=5), None)) is None
+    stages.write(stage, want, steps=5)
+    assert stages.redo_unless_done(stage, want)["steps"] == 5
+    assert stages.redo_unless_done(stage, stages.recipe(TrainConfig(mode="drafter", steps=5), None)) is None
     assert not stage.exists()  # a different loss: removed, so it is trained again
-    assert demo.finished(stage, want) is None
+    assert stages.redo_unless_done(stage, want) is None

@@ -109,7 +109,8 @@ def test_an_edited_single_stage_recipe_is_refused_not_restarted(tiny_dirs, tmp_p
     assert cli.main(["train", "--config", str(r), "--no-progress"]) == 0
     assert "done, skipped" in capsys.readouterr().out  # one stage skips as many do
     _recipe(r, tiny_dirs, [{"mode": "drafter", "steps": 3, "out": str(out)}])
-    with pytest.raises(SystemExit, match=r"holds another run \(steps \(2 saved, 3 now\)\).*--overwrite"):
+    with pytest.raises(SystemExit, match=r"holds a stage finished with another recipe \(steps \(2 saved, 3 now\)\)"
+                                         r".*--overwrite"):
         cli.main(["train", "--config", str(r), "--no-progress"])
     assert _steps(out) == [1, 2]
     _recipe(r, tiny_dirs, [{"mode": "drafter", "steps": 3, "out": str(out), "stop_at": 1}])
@@ -119,6 +120,39 @@ def test_an_edited_single_stage_recipe_is_refused_not_restarted(tiny_dirs, tmp_p
     capsys.readouterr()
     assert cli.main(["train", "--config", str(r), "--no-progress"]) == 0  # interrupted, same settings: resumed
     assert "resumed" in capsys.readouterr().out and _steps(out) == [1, 2, 3]
+
+
+def test_a_stage_records_its_lineage_and_a_stopped_stage_ends_the_recipe(tiny_dirs, tmp_path, capsys):
+    """done.json carries the recipe of the stage a stage started from: a retrained first stage makes the second one
+    another stage (refused, then redone with --overwrite). A stage stopped before its end ends the recipe there."""
+    from dcoco.train import stages
+
+    a, b = tmp_path / "a", tmp_path / "b"
+    r = _recipe(tmp_path / "r.toml", tiny_dirs, [{"mode": "drafter", "steps": 2, "out": str(a)},
+                                                 {"mode": "corrector", "steps": 2, "out": str(b)}])
+    assert cli.main(["train", "--config", str(r), "--no-progress"]) == 0
+    first, second = stages.read(a)["recipe"], stages.read(b)["recipe"]
+    assert first["steps"] == 2 and first["from"] is None and second["from"] == first and second["mode"] == "corrector"
+    b_log = (b / "log.jsonl").read_text()
+    stages.write(a, {**first, "lr": 1e-3})  # as if the first stage had been trained again with another lr
+    _recipe(r, tiny_dirs, [{"mode": "drafter", "steps": 2, "out": str(a), "lr": 1e-3},
+                           {"mode": "corrector", "steps": 2, "out": str(b)}])
+    with pytest.raises(SystemExit, match=r"b holds a stage finished with another recipe \(from\.lr"):
+        cli.main(["train", "--config", str(r), "--no-progress"])
+    assert (b / "log.jsonl").read_text() == b_log  # refused: nothing in it was touched
+    _recipe(r, tiny_dirs, [{"mode": "drafter", "steps": 3, "out": str(a), "stop_at": 1},
+                           {"mode": "corrector", "steps": 2, "out": str(b)}])
+    capsys.readouterr()
+    assert cli.main(["train", "--config", str(r), "--overwrite", "--no-progress"]) == 0
+    assert "stage 1/2 stopped at step 1 of 3" in capsys.readouterr().out
+    assert _steps(a) == [1] and stages.read(a) is None and stages.read(b)["recipe"] == second  # stage 2 not run
+    _recipe(r, tiny_dirs, [{"mode": "drafter", "steps": 3, "out": str(a)},
+                           {"mode": "corrector", "steps": 2, "out": str(b)}])
+    with pytest.raises(SystemExit, match=r"from\.steps \(2 saved, 3 now\)"):  # stage 1 resumed and finished,
+        cli.main(["train", "--config", str(r), "--no-progress"])                # then stage 2 refused
+    assert _steps(a) == [1, 2, 3]
+    assert cli.main(["train", "--config", str(r), "--overwrite", "--no-progress"]) == 0
+    assert stages.read(b)["recipe"]["from"] == stages.read(a)["recipe"] and _steps(b) == [1, 2]
 
 
 def _holder(out: Path):

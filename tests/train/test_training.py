@@ -478,15 +478,20 @@ out = "{tmp_path / 's2'}"
     capsys.readouterr()
     assert cli.main(argv) == 0
     assert capsys.readouterr().out.count("done, skipped") == 2
-    for stage in ("s1", "s2"):  # kept as committed: the weights, progress.json and the logs, not the optimizer
+    records = {stage: (tmp_path / stage / "done.json").read_text() for stage in ("s1", "s2")}
+    for stage in ("s1", "s2"):  # kept without the optimizer or the stage record: the weights, progress.json, logs
         (tmp_path / stage / "train_state.pt").unlink()
+        (tmp_path / stage / "done.json").unlink()
     capsys.readouterr()
     assert cli.main(argv) == 0  # both saved at their stage's last step
     assert capsys.readouterr().out.count("done, skipped") == 2
+    assert records == {stage: (tmp_path / stage / "done.json").read_text() for stage in ("s1", "s2")}  # recorded
     for stage in ("s1", "s2"):  # the weights and logs alone: done when the log reached the stage's steps
         (tmp_path / stage / "progress.json").unlink()
+        (tmp_path / stage / "done.json").unlink()
     assert cli.main(argv) == 0
     assert capsys.readouterr().out.count("done, skipped") == 2
+    (tmp_path / "s2" / "done.json").unlink()
     log = tmp_path / "s2" / "log.jsonl"
     log.write_text("".join(log.read_text().splitlines(keepends=True)[:-1]))  # cut short, kept without its state
     with pytest.raises(SystemExit, match="s2 holds another run"):

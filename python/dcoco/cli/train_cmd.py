@@ -126,10 +126,11 @@ def recipe_options(path: str, argv: list[str]) -> tuple[argparse.Namespace, list
 
 def run(argv: list[str], args: argparse.Namespace) -> int:
     """`dcoco train`: one run, or a recipe's stages in order. A recipe's stage is skipped when its folder holds
-    that stage finished, resumed when it holds it interrupted, and refused when it holds anything else (unless
-    --overwrite); every stage's settings are checked before any work. Without a recipe, an --out holding a run
-    needs --resume or --overwrite."""
-    from ..train import recipe
+    that stage finished (train/stages.py: its done.json holds the recipe, lineage included, that this stage would
+    write), resumed when it holds it interrupted, and refused when it holds anything else (unless --overwrite);
+    every stage's settings are checked before any work. A stage stopped before its end (--stop-at, --max-time)
+    ends the recipe there. Without a recipe, an --out holding a run needs --resume or --overwrite."""
+    from ..train import recipe, stages as stage_records
 
     stages: list[dict]
     stages, given = [{}], _given_out(argv)  # a ValueError here or below: main's one line, "dcoco train: ..."
@@ -141,16 +142,24 @@ def run(argv: list[str], args: argparse.Namespace) -> int:
         if a.dry_run:
             plans.append(_dry_run(a, cfg, kw))
             continue
+        writer = os.environ.get("RANK", "0") == "0"  # torchrun: one line and one record, not one per rank
+        want = stage_records.recipe(cfg, _upstream(a.init))
         if args.config:
-            state = _stage_state(cfg, args.overwrite)
-            if os.environ.get("RANK", "0") == "0":  # torchrun: one line, not one per rank
+            state = _stage_state(cfg, want, args.overwrite, writer)
+            if writer:
                 print(f"dcoco train: stage {i + 1}/{n} ({a.mode}, {a.out})" + (": done, skipped" if state == "done"
                                                                                else ": resumed" if state == "resume"
                                                                                else ""))
             if state == "done":
                 continue
             cfg = dataclasses.replace(cfg, resume=state == "resume", overwrite=state == "fresh" and args.overwrite)
-        recipe.run(cfg, **kw)
+        res = recipe.run(cfg, **kw)
+        if res.step < res.total:
+            if args.config and writer:
+                print(f"dcoco train: stage {i + 1}/{n} stopped at step {res.step} of {res.total}; rerun to resume it")
+            break
+        if writer:
+            stage_records.write(cfg.out, want, steps=res.step)
     if args.dry_run and args.plan_json:
         from pathlib import Path
 
@@ -192,23 +201,53 @@ def _stage_runs(args: argparse.Namespace, stages: list[dict], given_out: bool) -
     return runs
 
 
-def _stage_state(cfg, overwrite: bool) -> str:
-    """What a recipe's stage does with its folder: "done" (finished with these settings), "resume" (interrupted
-    with them: from train_state.pt, or from the weights and progress.json kept where the optimizer state is not)
-    or "fresh"; ValueError when it holds another run and overwrite is off. A folder kept with neither (weights
-    and logs only) is done when its log reached the stage's steps."""
+def _upstream(init: str | None) -> dict | None:
+    """The lineage a stage starting from init records: the recipe of the stage that wrote init, else init's name
+    (a checkpoint from elsewhere), else None (a fresh drafter)."""
+    from pathlib import Path
+
+    from ..train import stages as stage_records
+
+    if init is None:
+        return None
+    done = stage_records.read(init) if Path(init).is_dir() else None
+    return done["recipe"] if done is not None else {"init": str(init)}
+
+
+def _stage_state(cfg, want: dict, overwrite: bool, writer: bool = True) -> str:
+    """What a recipe's stage does with its folder: "done" (finished with recipe want: its done.json, or, in a
+    folder without one, a finished run with these settings, which then gets it when writer), "resume"
+    (interrupted with them: from train_state.pt, or from the weights and progress.json kept where the optimizer
+    state is not) or "fresh"; ValueError when it holds another run or stage and overwrite is off. A folder kept
+    with neither state (weights and logs only) is finished when its log reached the stage's steps."""
+    from ..train import stages as stage_records
     from ..train.runs import PROGRESS, STATE, logged_steps, run_differences, run_files, saved_run
 
+    other = stage_records.check(cfg.out, want)
+    if other is not None:
+        if not other:
+            return "done"
+        if overwrite:
+            return "fresh"
+        raise stage_records.refusal(cfg.out, other)
     held = run_files(cfg.out)
     if not held:
         return "fresh"
+    finished_at = None
     if STATE not in held and PROGRESS not in held and "model.safetensors" in held and cfg.steps is not None \
             and logged_steps(cfg.out) >= cfg.steps and not overwrite:
+        finished_at = cfg.steps
+    else:
+        saved = saved_run(cfg.out)  # read once: progress.json's check hashes the weights
+        diff = run_differences(saved, cfg) if saved else ["no saved state"]
+        if saved and not diff:  # (diff is empty only with a saved state)
+            if saved["step"] < saved["total"]:
+                return "resume"
+            finished_at = saved["step"]
+    if finished_at is not None:
+        if writer:
+            stage_records.write(cfg.out, want, steps=finished_at)
         return "done"
-    saved = saved_run(cfg.out)  # read once: progress.json's check hashes the weights
-    diff = run_differences(saved, cfg) if saved else ["no saved state"]
-    if saved and not diff:  # (diff is empty only with a saved state)
-        return "done" if saved["step"] >= saved["total"] else "resume"
     if overwrite:
         return "fresh"
     raise ValueError(f"out: {cfg.out} holds another run ({', '.join(diff)}); rerun with --overwrite to replace it, "

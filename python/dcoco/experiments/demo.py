@@ -33,7 +33,6 @@ import dataclasses
 import hashlib
 import json
 import random
-import shutil
 import time
 from importlib import resources
 from pathlib import Path
@@ -45,7 +44,7 @@ from safetensors.torch import save_file
 
 from ..modeling import checkpoint
 from ..target import corpus, smollm2
-from ..train import frozen
+from ..train import frozen, stages
 from ..specdec import simulate
 from ..corrector import Corrector
 from ..modeling.domino import DominoHead
@@ -143,38 +142,12 @@ def build_corpus(model, size: Size, progress: bool, taps: tuple[int, ...] = tupl
                                responses=[r for _, r in seqs])
 
 
-def recipe(cfg: TrainConfig, upstream: dict | None, corrector_from: dict | None = None) -> dict:
-    """What a stage's result depends on: its training settings, the recipe of the stage its drafter starts from
-    and, for a warm-started corrector, the recipe of the one it starts from."""
-    return {"mode": cfg.mode, "steps": cfg.steps, "grad_accum": cfg.grad_accum, "loss_vocab": cfg.loss_vocab,
-            "corr_grad": cfg.corr_grad, "lr": cfg.lr, "warmup": cfg.warmup, "rho": cfg.rho, "from": upstream,
-            "corrector_from": corrector_from,
-            **({"anchor_transition": True} if cfg.anchor_transition else {}),  # the paper's recipes keep their keys
-            **({"method": cfg.method} if cfg.method != "dcoco" else {}),
-            **({"anchors": cfg.anchors} if cfg.anchors else {})}
-
-
-def _key(want: dict) -> str:
-    return hashlib.sha256(json.dumps(want, sort_keys=True).encode()).hexdigest()[:12]
-
-
-def finished(out: Path, want: dict) -> dict | None:
-    """The done.json of a stage finished with the recipe want; a stage of another recipe is removed (redone)."""
-    done = out / "done.json"
-    if done.is_file():
-        info = json.loads(done.read_text())
-        if info.get("recipe") == want:
-            return info
-        shutil.rmtree(out)
-    return None
-
-
 def train_stage(out: Path, cfg: TrainConfig, data: corpus.Corpus, embed, head, drafter, corrector=None,
                 progress: bool = True, upstream: dict | None = None,
                 corrector_from: dict | None = None) -> tuple[DFlashDrafter, checkpoint.Second | None, dict]:
     """Train once: a stage finished with this recipe (done.json) is loaded, an interrupted one resumed."""
-    want = recipe(cfg, upstream, corrector_from)
-    info = finished(out, want)
+    want = stages.recipe(cfg, upstream, corrector_from)
+    info = stages.redo_unless_done(out, want)
     if info is not None:
         d, c = checkpoint.load(out)
         return d, c, info
@@ -183,10 +156,14 @@ def train_stage(out: Path, cfg: TrainConfig, data: corpus.Corpus, embed, head, d
     cfg = dataclasses.replace(cfg, out=str(out), resume=resume, overwrite=not resume)
     res = train(cfg, data, embed, head, drafter, corrector, progress=progress)
     last = res.history[-20:] or [{}]
-    info = {"mode": cfg.mode, "steps": res.step, "seconds": time.monotonic() - t, "recipe": want,
-            **{f"final_{k}": sum(r[k] for r in last) / len(last) for k in last[0] if k not in ("step", "lr")}}
-    (out / "done.json").write_text(json.dumps(info, indent=2) + "\n")
+    info = stages.write(out, want, mode=cfg.mode, steps=res.step, seconds=time.monotonic() - t,
+                        **{f"final_{k}": sum(r[k] for r in last) / len(last) for k in last[0]
+                           if k not in ("step", "lr")})
     return res.drafter, res.corrector, info
+
+
+def _key(want: dict) -> str:
+    return hashlib.sha256(json.dumps(want, sort_keys=True).encode()).hexdigest()[:12]
 
 
 def stage_config(mode: str, steps: int, device: str, **kw) -> TrainConfig:
@@ -258,7 +235,7 @@ def frozen_stage(out: Path, make, steps: int, base: tuple, data: corpus.Corpus, 
     drafter, _, base_info = base
     want = {"frozen": out.name, "steps": steps, "from": base_info["recipe"],
             **({"anchors": anchors, "batch": batch} if (anchors, batch) != (FROZEN_ANCHORS, FROZEN_BATCH) else {})}
-    info = finished(out, want)
+    info = stages.redo_unless_done(out, want)
     if info is not None:
         return drafter, load_frozen(out), info
     key = _key({"from": want["from"], "anchors": anchors} if anchors != FROZEN_ANCHORS else want["from"])
@@ -270,14 +247,13 @@ def frozen_stage(out: Path, make, steps: int, base: tuple, data: corpus.Corpus, 
     cache, cache_seconds = caches[key]
     torch.manual_seed(0)
     m = make()
-    info = {"mode": "frozen drafter, cached outputs", **frozen.train(m, cache, embed, head, steps, batch,
-                                                                       progress=progress),
-            "cached_blocks": len(cache["target"]), "cache_seconds": cache_seconds, "recipe": want,
-            "parameters": sum(p.numel() for p in m.parameters())}
+    trained = frozen.train(m, cache, embed, head, steps, batch, progress=progress)
     out.mkdir(parents=True, exist_ok=True)
     anchor = isinstance(m, Corrector) and m.anchor_transition
     save_file(m.state_dict(), str(out / "model.safetensors"), metadata={"anchor_transition": str(anchor).lower()})
-    (out / "done.json").write_text(json.dumps(info, indent=2) + "\n")
+    info = stages.write(out, want, mode="frozen drafter, cached outputs", **trained,
+                        cached_blocks=len(cache["target"]), cache_seconds=cache_seconds,
+                        parameters=sum(p.numel() for p in m.parameters()))
     return drafter, m, info
 
 

@@ -28,6 +28,7 @@ from ..modeling.dflash import DFlashDrafter
 from ..modeling.domino import DominoHead
 from ..modeling.dspark import DSparkHead
 from .config import RESUME_KEYS, TrainConfig
+from .stages import DONE
 from .objective import Objective
 
 STATE = "train_state.pt"
@@ -37,7 +38,7 @@ STATE_KEYS = ("step", "total", "world", "config", "drafter", "corrector", "optim
 PROGRESS = "progress.json"
 PROGRESS_KEYS = ("step", "total", "world", "config", "restart", "weights_sha256")
 SAVING = ".tmp"  # + step: a save in progress inside the run folder
-RUN_FILES = (STATE, PROGRESS, "config.json", "model.safetensors", "log.jsonl", "eval.jsonl")  # what a run leaves
+RUN_FILES = (STATE, PROGRESS, "config.json", "model.safetensors", "log.jsonl", "eval.jsonl", DONE)  # what a run leaves
 
 
 def log_eval(out: Path, ev: dict, bar: tqdm) -> None:

@@ -42,6 +42,7 @@ class TrainResult:
     drafter: DFlashDrafter
     corrector: Corrector | Head | None   # DCOCO's corrector, or the head cfg.method names
     step: int
+    total: int            # the schedule's length: step < total when the run stopped early (stop_at, max_time)
     history: list[dict]   # one record per step this process ran: losses, tau, lr (global over ranks), seconds
 
 
@@ -134,7 +135,7 @@ def train(cfg: TrainConfig, corpus: Corpus | TokenCorpus, embed: torch.Tensor, h
     finally:
         if lock is not None:
             lock.release()
-    return TrainResult(drafter, corrector, step, history)
+    return TrainResult(drafter, corrector, step, total, history)
 
 
 def _serving_loads(out: Path) -> bool:
