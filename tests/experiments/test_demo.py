@@ -2,6 +2,7 @@
 steps (offline), then a second run that only evaluates."""
 
 import json
+from pathlib import Path
 
 import pytest
 
@@ -81,6 +82,35 @@ def test_demo_smoke_trains_evaluates_and_caches(tmp_path, monkeypatch):
     again = json.loads((tmp_path / "again" / "demo-smollm2-smoke.json").read_text())
     assert again["training"] == res["training"]
     assert again["headline"]["tau_dflash"] == h["tau_dflash"]  # greedy decoding: the same rounds
+
+
+def test_demo_builds_on_a_given_drafter(tmp_path, monkeypatch):
+    """--drafter: the given checkpoint (its corrector left out) is the DFlash every method builds on and is compared
+    with; its stages live apart, named by its weights' sha256; a drafter for another target is refused."""
+    import hashlib
+
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    monkeypatch.setenv("DCOCO_CACHE", str(tmp_path / "cache"))
+    from dcoco import cli
+    from dcoco.experiments import demo
+    from helpers.tiny_models import small_checkpoint
+
+    given = Path(__file__).parents[1] / "data" / "smollm2-dcoco"
+    assert cli.main(["demo", "--smoke", "--no-progress", "--drafter", str(given), "--out", str(tmp_path / "out")]) == 0
+    res = json.loads((tmp_path / "out" / "demo-smollm2-smoke-smollm2-dcoco.json").read_text())
+    digest = hashlib.sha256((given / "model.safetensors").read_bytes()).hexdigest()
+    t = res["training"]
+    assert "dflash" not in t and t["dflash-long"] == {"mode": "given drafter", "path": str(given),
+                                                      "recipe": {"drafter": digest}}
+    assert t["corrector"]["recipe"]["from"] == t["dcoco-drafter"]["recipe"]["from"] == {"drafter": digest}
+    assert res["config"]["drafter"] == str(given) and res["config"]["layers"] == 3
+    assert res["headline"]["lossless"] is True and res["headline"]["tau_dflash"] >= 1
+    work = tmp_path / "cache" / "demo-smoke" / f"drafter-{digest[:12]}"
+    assert (work / "corrector" / "done.json").is_file() and not (work / "dflash").exists()
+    assert (tmp_path / "out" / "demo-smollm2-smoke-smollm2-dcoco-training.png").stat().st_size > 0
+    small_checkpoint(tmp_path / "small")
+    with pytest.raises(SystemExit, match="drafter: .*small is for vocab_size 96"):
+        cli.main(["demo", "--smoke", "--no-progress", "--drafter", str(tmp_path / "small")])
 
 
 def test_demo_rejects_a_missing_suites_folder(tmp_path, monkeypatch):

@@ -22,6 +22,9 @@ CPU or GPU.
    per suite); tokens/s, speedup and the greedy losslessness check from real decoding of a few of them,
    target-only and by every method in turn (same machine state).
 
+With a given drafter (run's drafter, `dcoco demo --drafter`), that checkpoint replaces step 2's stages and the
+rest is built on it.
+
 Every stage is cached under $DCOCO_CACHE (~/.cache/dcoco): the corpus under corpus/, the trained checkpoints
 (serving layout) under demo/ (demo-full/, demo-smoke/ for the other sizes); an interrupted run resumes and a
 second run only evaluates. The JSON's headline keys, the printed table and the plots: report.py."""
@@ -128,8 +131,10 @@ def training_prompts(suites_dir) -> list[str]:
     return out
 
 
-def workdir(size: str) -> Path:
-    return cache_dir() / ("demo" if size == "default" else f"demo-{size}")
+def workdir(size: str, given: tuple | None = None) -> Path:
+    """The stages' folder: per size, and per drafter when one is given (given_drafter)."""
+    root = cache_dir() / ("demo" if size == "default" else f"demo-{size}")
+    return root if given is None else root / f"drafter-{given[2]['recipe']['drafter'][:12]}"
 
 
 def build_corpus(model, size: Size, progress: bool, taps: tuple[int, ...] = tuple(SMOLLM2_TAPS)) -> corpus.Corpus:
@@ -172,12 +177,30 @@ def stage_config(mode: str, steps: int, device: str, **kw) -> TrainConfig:
                        save_dtype="float32", **kw)
 
 
-def train_all(size: Size, work: Path, data: corpus.Corpus, model, tok, device: str, progress: bool) -> dict:
+def given_drafter(path: str | Path, target) -> tuple:
+    """(drafter, None, info) for a DFlash checkpoint built on instead of the demo's own DFlash stages: its
+    corrector, if any, is left out; info's recipe names it by its weights' sha256, so the stages built on it are
+    kept apart from those of any other drafter. ValueError when it is not a drafter for target (the embedded
+    SmolLM2-135M-Instruct)."""
+    path = Path(path)
+    drafter = checkpoint.load(path)[0].float()
+    c, t = drafter.config, target.config
+    if (c.vocab_size, c.hidden_size) != (t.vocab_size, t.hidden_size) or \
+            max(c.target_layer_ids) >= t.num_hidden_layers:
+        raise ValueError(f"drafter: {path} is for vocab_size {c.vocab_size}, hidden_size {c.hidden_size} and target "
+                         f"layers {c.target_layer_ids}; the demo's target, SmolLM2-135M-Instruct, has "
+                         f"{t.vocab_size}, {t.hidden_size} and {t.num_hidden_layers} layers")
+    digest = hashlib.sha256((path / "model.safetensors").read_bytes()).hexdigest()
+    return drafter, None, {"mode": "given drafter", "path": str(path), "recipe": {"drafter": digest}}
+
+
+def train_all(size: Size, work: Path, data: corpus.Corpus, model, tok, device: str, progress: bool,
+              given: tuple | None = None) -> dict:
     """{name: (drafter, corrector or selector, info)}: baseline_stages, then from dflash-long and the corrector
     joint_steps joint steps: dcoco-drafter (JOINT_CORR_GRAD) and online (0); and from dflash-long and each
     baseline's frozen-trained head as many steps of that method's published recipe (domino-recipe,
     dspark-recipe). Training mutates its drafter and corrector, hence the copies."""
-    out, _ = baseline_stages(size, work, data, model, tok, device, progress)
+    out, _ = baseline_stages(size, work, data, model, tok, device, progress, given)
     base = out["dflash-long"]
     embed, head = model.get_input_embeddings().weight.detach(), model.get_output_embeddings().weight.detach()
     for name, weight in (("dcoco-drafter", JOINT_CORR_GRAD), ("online", 0.0)):
@@ -195,22 +218,24 @@ def train_all(size: Size, work: Path, data: corpus.Corpus, model, tok, device: s
 
 
 def baseline_stages(size: Size, work: Path, data: corpus.Corpus, model, tok, device: str,
-                    progress: bool) -> tuple[dict, dict]:
+                    progress: bool, given: tuple | None = None) -> tuple[dict, dict]:
     """({name: (drafter, corrector or selector, info)}, caches) for dflash (from scratch), dflash-long (dflash +
-    long_steps over the whole head: the baseline) and, on the frozen dflash-long drafter's cached outputs
-    (frozen.py, one contract), corrector (DCOCO, L_corr), anchor (DCOCO with the anchor transition, beyond the
-    paper), dflash2 (DFlash2's selector), domino and dspark (the paper's baselines' heads), corrector_steps each;
-    caches: frozen_stage's, for more frozen stages on the same drafter."""
+    long_steps over the whole head: the baseline; given_drafter's result when given, and then no dflash) and, on
+    the frozen dflash-long drafter's cached outputs (frozen.py, one contract), corrector (DCOCO, L_corr), anchor
+    (DCOCO with the anchor transition, beyond the paper), dflash2 (DFlash2's selector), domino and dspark (the
+    paper's baselines' heads), corrector_steps each; caches: frozen_stage's, for more frozen stages on the same
+    drafter."""
     embed = model.get_input_embeddings().weight.detach()
     head = model.get_output_embeddings().weight.detach()
-    dcfg = drafter_config(model, tok, LAYERS, SMOLLM2_TAPS, BLOCK, smollm2.MASK_TOKEN_ID)
-    first = stage_config("drafter", size.steps, device, anchors=size.anchors, loss_vocab=LOSS_VOCAB)
-    out = {"dflash": train_stage(work / "dflash", first, data, embed, head, dcfg, progress=progress)}
-    long = stage_config("drafter", size.long_steps, device, anchors=size.anchors)
-    out["dflash-long"] = train_stage(work / "dflash-long", long, data, embed, head,
-                                     copy.deepcopy(out["dflash"][0]), progress=progress,
-                                     upstream=out["dflash"][2]["recipe"])
-    base = out["dflash-long"]
+    out = {}
+    if given is None:
+        dcfg = drafter_config(model, tok, LAYERS, SMOLLM2_TAPS, BLOCK, smollm2.MASK_TOKEN_ID)
+        first = stage_config("drafter", size.steps, device, anchors=size.anchors, loss_vocab=LOSS_VOCAB)
+        out["dflash"] = train_stage(work / "dflash", first, data, embed, head, dcfg, progress=progress)
+        long = stage_config("drafter", size.long_steps, device, anchors=size.anchors)
+        given = train_stage(work / "dflash-long", long, data, embed, head, copy.deepcopy(out["dflash"][0]),
+                            progress=progress, upstream=out["dflash"][2]["recipe"])
+    base = out["dflash-long"] = given
     caches: dict[str, tuple[dict[str, torch.Tensor], float]] = {}
     for name, make in (("corrector", lambda: Corrector(base[0].config.hidden_size)),
                        ("anchor", lambda: Corrector(base[0].config.hidden_size, anchor_transition=True)),
@@ -346,18 +371,23 @@ def costs(engines: dict[str, Engine], repeats: int = 200) -> dict[str, dict]:
 
 
 def run(size: str = "default", device: str = "cpu", out: str | Path | None = None, suites_dir=None,
-        progress: bool = True) -> dict:
-    """Everything `dcoco demo` does; writes {out}/demo-smollm2{-size}.json and plots (out: the work folder)."""
+        progress: bool = True, drafter: str | Path | None = None) -> dict:
+    """Everything `dcoco demo` does; writes {out}/demo-smollm2{-size}.json and plots (out: the work folder).
+    drafter: a DFlash checkpoint to build on and compare with instead of the demo's own DFlash stages
+    (given_drafter); its JSON and plots then carry the checkpoint folder's name."""
     if size not in SIZES:
         raise ValueError(f"size: expected one of {sorted(SIZES)}, got {size!r}")
-    s, work = SIZES[size], workdir(size)
+    s = SIZES[size]
     t0 = time.monotonic()
     texts = eval_texts(s.suites, s.sim_rows, suites_dir)  # a missing folder fails before the slow stages
     tok, model = load_target(SMOLLM2)
+    given = None if drafter is None else given_drafter(drafter, model)
+    work = workdir(size, given)
     prompts = encode(tok, texts)
     model.to(device)
-    data = build_corpus(model, s, progress)
-    trained = train_all(s, work, data, model, tok, device, progress)
+    taps = tuple(SMOLLM2_TAPS) if given is None else tuple(given[0].config.target_layer_ids)
+    data = build_corpus(model, s, progress, taps)
+    trained = train_all(s, work, data, model, tok, device, progress, given)
     engines = {name: Engine(model, d.to(device).eval(), None if c is None else c.to(device).eval(), rule=r)
                for name, (d, c, r) in methods(trained, s.rules).items()}
     t1 = time.monotonic()
@@ -371,8 +401,10 @@ def run(size: str = "default", device: str = "cpu", out: str | Path | None = Non
            "seconds": time.monotonic() - t1}
     ev = evaluate_all(model, engines, {n: p[:s.rows] for n, p in prompts.items()}, s.max_new_tokens, progress)
     res: dict[str, Any]  # the JSON written below
-    res = {"size": size, "config": {**dataclasses.asdict(s), "layers": LAYERS, "block_size": BLOCK,
-                                    "target_layers": SMOLLM2_TAPS, "device": device,
+    dcfg = trained["dflash-long"][0].config
+    res = {"size": size, "config": {**dataclasses.asdict(s), "layers": dcfg.num_hidden_layers,
+                                    "block_size": dcfg.block_size, "target_layers": list(taps), "device": device,
+                                    "drafter": None if given is None else given[2]["path"],
                                     "corpus_sequences": len(data), "corpus_response_tokens":
                                         int(data.response.sum())},
            "training": {k: v[2] for k, v in trained.items()}, "sim": sim, "eval": ev,
@@ -382,13 +414,16 @@ def run(size: str = "default", device: str = "cpu", out: str | Path | None = Non
     res["seconds"] = time.monotonic() - t0
     dest = Path(out) if out else work
     dest.mkdir(parents=True, exist_ok=True)
-    prefix = "demo-smollm2" + ("" if size == "full" else f"-{size}")
+    prefix = "demo-smollm2" + ("" if size == "full" else f"-{size}") + ("" if given is None else
+                                                                         f"-{Path(given[2]['path']).name}")
     (dest / f"{prefix}.json").write_text(json.dumps(res, indent=2) + "\n")
     res["files"] = [str(dest / f"{prefix}.json"), *map(str, report.plots(res, work, dest, prefix))]
+    res["work"] = work
     return res
 
 
 def show(res: dict) -> None:
+    work = res["work"]
     print(report.table(res))
-    print(f"checkpoints: {workdir(res['size'])} (the DCOCO drafter in serving layout: "
-          f"{workdir(res['size']) / 'dcoco-drafter'}); wrote {', '.join(res['files'])}")
+    print(f"checkpoints: {work} (the DCOCO drafter in serving layout: {work / 'dcoco-drafter'}); wrote "
+          f"{', '.join(res['files'])}")

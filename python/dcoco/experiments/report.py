@@ -215,8 +215,8 @@ def plots(res: dict, work: Path, out: Path, prefix: str) -> list[Path]:
                   "DFlash drafter: target token in its top-k\n(teacher-forced, every anchor; Wilson 95% CIs)")
     fig, ax = plt.subplots(figsize=(6, 4))
     t = res["training"]  # continued stages are drawn from the step where their drafter's training left off
-    base = t["dflash"]["steps"]
-    warm = base + t["dflash-long"]["steps"]
+    base = t["dflash"]["steps"] if "dflash" in t else 0  # a given drafter (demo --drafter): from 0
+    warm = base + t["dflash-long"].get("steps", 0)
     for stage, key, label, x0 in (("dflash", "tau_shortlist", "DFlash drafter (top-1 of the shortlisted loss: "
                                                               "optimistic)", 0),
                                   ("dflash-long", "tau_dflash", "DFlash drafter, whole head (baseline)", base),
