@@ -92,7 +92,6 @@ def test_demo_builds_on_a_given_drafter(tmp_path, monkeypatch):
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     monkeypatch.setenv("DCOCO_CACHE", str(tmp_path / "cache"))
     from dcoco import cli
-    from dcoco.experiments import demo
     from helpers.tiny_models import small_checkpoint
 
     given = Path(__file__).parents[1] / "data" / "smollm2-dcoco"
