@@ -197,11 +197,13 @@ def plots(res: dict, work: Path, out: Path, prefix: str) -> list[Path]:
     suites = [*sim["DFlash"]["suites"], "overall"]
     fig, ax = plt.subplots(figsize=(1.5 * len(suites) + 4, 4.5))  # + the legend's width, right of the bars
     w = 0.8 / len(names)
+    colors = plt.get_cmap("tab20").colors  # 20 distinct colours: the default cycle repeats after 10 methods
     for j, m in enumerate(names):
         rows = [sim[m]["overall"] if s == "overall" else sim[m]["suites"][s] for s in suites]
         ys = [r["tau"] for r in rows]
         err = [[y - r["tau_ci"][0] for y, r in zip(ys, rows)], [r["tau_ci"][1] - y for y, r in zip(ys, rows)]]
-        ax.bar([i - 0.4 + w * (j + 0.5) for i in range(len(suites))], ys, width=w, yerr=err, capsize=2, label=m)
+        ax.bar([i - 0.4 + w * (j + 0.5) for i in range(len(suites))], ys, width=w, yerr=err, capsize=2, label=m,
+               color=colors[j % len(colors)])
     counts = [(sim["DFlash"]["overall"] if s == "overall" else sim["DFlash"]["suites"][s])["prompts"] for s in suites]
     ax.set_xticks(range(len(suites)), [f"{s}\n{n} prompts" for s, n in zip(suites, counts)], rotation=20,
                   ha="right")
