@@ -18,31 +18,12 @@ from dcoco.modeling import checkpoint
 from dcoco.modeling.dflash import DFlashDrafter
 from dcoco.modeling.domino import DominoHead, curriculum
 from dcoco.modeling.dspark import DSparkHead
-from dcoco.target import corpus as corpus_mod
 from dcoco.testing import tiny
 from dcoco.train import recipe
 from dcoco.train.training import Objective, Schedule, TrainConfig, train
 
 D, V = 64, 100
 HEADS = {"domino": lambda: DominoHead(D, D, V, 24, 16), "dspark": lambda: DSparkHead(D, V, 12)}
-
-
-@pytest.fixture(scope="module")
-def target_dir(tmp_path_factory):
-    return tiny.save_target(tmp_path_factory.mktemp("target"))
-
-
-@pytest.fixture(scope="module")
-def target(target_dir):
-    return recipe.load_target(str(target_dir))
-
-
-@pytest.fixture(scope="module")
-def corpus(target, target_dir, tmp_path_factory):
-    tok, model = target
-    ids = corpus_mod.encode_prompts(tok, corpus_mod.load_prompts(target_dir / "prompts.jsonl"))
-    settings = corpus_mod.CorpusSettings(tiny.TAPS, max_new_tokens=24, gen_batch=4, feat_batch=4)
-    return corpus_mod.build_corpus(model, ids, tmp_path_factory.mktemp("cache"), settings, progress=False)
 
 
 def weights(target):

@@ -28,11 +28,6 @@ ROWS = [{"turns": ["the cat", "and the dog"]},
         {"prompt": " ".join(["word"] * 40)}]  # too long for --max-prompt-tokens 30
 
 
-@pytest.fixture(scope="module")
-def target_dir(tmp_path_factory):
-    return tiny.save_target(tmp_path_factory.mktemp("target"))
-
-
 @pytest.fixture
 def chats(tmp_path):
     (tmp_path / "in").mkdir()

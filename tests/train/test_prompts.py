@@ -17,12 +17,6 @@ from transformers import AutoTokenizer
 
 from dcoco import cli
 from dcoco.train import prompts
-from dcoco.testing import tiny
-
-
-@pytest.fixture(scope="module")
-def target_dir(tmp_path_factory):
-    return tiny.save_target(tmp_path_factory.mktemp("target"))
 
 
 def _prompts(stub, target_dir, out, *extra):

@@ -15,16 +15,10 @@ from helpers.stub_server import Stub
 
 from dcoco import cli
 from dcoco.train import datagen, shards
-from dcoco.testing import tiny
 
 PROMPTS = [{"turns": ["the cat"], "source": "a"}, {"turns": ["red sun", "why"], "source": "b"},
            {"turns": ["blue moon"], "source": "a"}, {"turns": ["one two three"], "source": "b"},
            {"turns": ["big dog run"], "source": "a"}]
-
-
-@pytest.fixture(scope="module")
-def target_dir(tmp_path_factory):
-    return tiny.save_target(tmp_path_factory.mktemp("target"))
 
 
 @pytest.fixture

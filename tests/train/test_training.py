@@ -7,7 +7,6 @@ import json
 import os
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 import torch
@@ -29,24 +28,6 @@ from dcoco.train.training import (Objective, Schedule, TrainConfig, _tau, freque
 
 TAPS = tiny.TAPS
 SETTINGS = corpus_mod.CorpusSettings(TAPS, max_new_tokens=24, gen_batch=4, feat_batch=4)
-
-
-@pytest.fixture(scope="module")
-def target_dir(tmp_path_factory) -> Path:
-    """A saved tiny Llama + word-level tokenizer with a chat template, and a prompts file (dcoco.testing.tiny)."""
-    return tiny.save_target(tmp_path_factory.mktemp("target"))
-
-
-@pytest.fixture(scope="module")
-def target(target_dir):
-    return recipe.load_target(str(target_dir))
-
-
-@pytest.fixture(scope="module")
-def corpus(target, target_dir, tmp_path_factory):
-    tok, model = target
-    ids = corpus_mod.encode_prompts(tok, corpus_mod.load_prompts(target_dir / "prompts.jsonl"))
-    return corpus_mod.build_corpus(model, ids, tmp_path_factory.mktemp("cache"), SETTINGS, progress=False)
 
 
 def drafter_cfg(target):
