@@ -154,3 +154,17 @@ def test_cli_end_to_end(target, drafter, tmp_path, capsys, anchor):
         main(["eval", "--drafter", str(tmp_path / "dcoco"), "--suites", str(tmp_path / "missing")])
     with pytest.raises(SystemExit, match="--hub is not supported"):
         main(["eval", "--drafter", str(tmp_path / "dcoco"), "--hub"])
+
+
+def test_the_coverage_plot_reads_a_saved_json_as_it_reads_a_run(tmp_path, monkeypatch):
+    """A result written as JSON keeps its coverage keys as strings: the plot draws the same lines from it."""
+    from dcoco import plots
+    from dcoco.specdec import evaluate as ev
+
+    figs = []
+    monkeypatch.setattr(plots, "save", lambda fig, path: figs.append(fig))
+    coverage = {k: [0.2 + 0.1 * i / k for i in range(3)] for k in KS}
+    for cov in (coverage, json.loads(json.dumps(coverage))):
+        ev.coverage_plot(cov, [50, 40, 30], tmp_path / "coverage.png", "t")
+    labels = [[t.get_text() for t in f.axes[0].get_legend().get_texts()] for f in figs]
+    assert labels[0] == labels[1] == [f"top-{k}" for k in KS]

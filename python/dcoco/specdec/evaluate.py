@@ -176,16 +176,17 @@ SMALL = 30  # a rate from fewer samples is drawn hollow and flagged
 
 
 def coverage_plot(coverage: Mapping | None, seen: Sequence[int] | None, path: Path, title: str) -> None:
-    """coverage {k: per-slot rate} (spec.summarize) as one line per k in KS with Wilson 95% intervals; seen: the
-    samples per slot, written under each slot. Slots with fewer than SMALL samples are drawn hollow, and the
-    figure says so; slots never reached are left out."""
+    """coverage {k: per-slot rate} (spec.summarize; k an int, or its string as a JSON file keeps it) as one line
+    per k in KS with Wilson 95% intervals; seen: the samples per slot, written under each slot. Slots with fewer
+    than SMALL samples are drawn hollow, and the figure says so; slots never reached are left out."""
     from .stats import wilson
 
     plt = plots.pyplot()
     seen = list(seen or [])
+    rates = {int(k): v for k, v in (coverage or {}).items()}
     fig, ax = plt.subplots(figsize=(max(6, 0.7 * len(seen)), 4.2))
     for k in KS:
-        ys = (coverage or {}).get(k) or []
+        ys = rates.get(k) or []
         pts = [(i + 1, y, seen[i]) for i, y in enumerate(ys) if y is not None and i < len(seen) and seen[i]]
         if not pts:
             continue
