@@ -179,9 +179,9 @@ def stage_config(mode: str, steps: int, device: str, **kw) -> TrainConfig:
 
 def given_drafter(path: str | Path, target) -> tuple:
     """(drafter, None, info) for a DFlash checkpoint built on instead of the demo's own DFlash stages: its
-    corrector, if any, is left out; info's recipe names it by its weights' sha256, so the stages built on it are
-    kept apart from those of any other drafter. ValueError when it is not a drafter for target (the embedded
-    SmolLM2-135M-Instruct)."""
+    corrector, if any, is left out; info's recipe names it by the sha256 of its weight files, so the stages built
+    on it are kept apart from those of any other drafter. ValueError when it is not a drafter for target (the
+    embedded SmolLM2-135M-Instruct)."""
     path = Path(path)
     drafter = checkpoint.load(path)[0].float()
     c, t = drafter.config, target.config
@@ -190,8 +190,10 @@ def given_drafter(path: str | Path, target) -> tuple:
         raise ValueError(f"drafter: {path} is for vocab_size {c.vocab_size}, hidden_size {c.hidden_size} and target "
                          f"layers {c.target_layer_ids}; the demo's target, SmolLM2-135M-Instruct, has "
                          f"{t.vocab_size}, {t.hidden_size} and {t.num_hidden_layers} layers")
-    digest = hashlib.sha256((path / "model.safetensors").read_bytes()).hexdigest()
-    return drafter, None, {"mode": "given drafter", "path": str(path), "recipe": {"drafter": digest}}
+    h = hashlib.sha256()
+    for f in sorted(path.glob("*.safetensors")):  # one file, or the shards of a sharded checkpoint
+        h.update(f.read_bytes())
+    return drafter, None, {"mode": "given drafter", "path": str(path), "recipe": {"drafter": h.hexdigest()}}
 
 
 def train_all(size: Size, work: Path, data: corpus.Corpus, model, tok, device: str, progress: bool,
