@@ -72,15 +72,7 @@ def save(path: str | Path, drafter: DFlashDrafter, corrector: Second | None = No
     if not isinstance(drafter, DFlashDrafter):
         raise TypeError(f"drafter: expected a DFlashDrafter, got {type(drafter).__name__}")
     if isinstance(corrector, DominoHead):
-        _check_head(drafter, corrector)
-        if corrector.embed_size != drafter.config.hidden_size:
-            raise ValueError(f"head: embed_size {corrector.embed_size} differs from the drafter's hidden_size "
-                             f"{drafter.config.hidden_size} (the target's embeddings)")
-        config = {"architectures": [DOMINO_ARCHITECTURE],
-                  "domino_config": {"gru_size": corrector.gru_size, "mid_size": corrector.mid_size}}
-        tensors = {DOMINO_PREFIX + k: v for k, v in corrector.state_dict().items()}
-        _replace(path, lambda tmp: drafter.save_pretrained(tmp, extra_tensors=tensors, config_update=config,
-                                                           dtype=dtype))
+        _save_domino(path, drafter, corrector, dtype)
         return
     if corrector is not None:
         _check_corrector(drafter, corrector, selection)
@@ -171,6 +163,18 @@ def load(path: str | Path, dtype: torch.dtype | None = None,
     dtype = dtype or drafter.fc.weight.dtype
     corrector.load_state_dict({k: v.to(device=device, dtype=dtype) for k, v in tensors.items()}, assign=True)
     return drafter, corrector
+
+
+def _save_domino(path: str | Path, drafter: DFlashDrafter, head: DominoHead, dtype: torch.dtype | None) -> None:
+    """The Domino layout (the module docstring's), written atomically like save."""
+    _check_head(drafter, head)
+    if head.embed_size != drafter.config.hidden_size:
+        raise ValueError(f"head: embed_size {head.embed_size} differs from the drafter's hidden_size "
+                         f"{drafter.config.hidden_size} (the target's embeddings)")
+    config = {"architectures": [DOMINO_ARCHITECTURE],
+              "domino_config": {"gru_size": head.gru_size, "mid_size": head.mid_size}}
+    tensors = {DOMINO_PREFIX + k: v for k, v in head.state_dict().items()}
+    _replace(path, lambda tmp: drafter.save_pretrained(tmp, extra_tensors=tensors, config_update=config, dtype=dtype))
 
 
 def _load_domino(path: Path, cfg: dict, dtype: torch.dtype | None,

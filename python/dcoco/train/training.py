@@ -115,7 +115,8 @@ def train(cfg: TrainConfig, corpus: Corpus | TokenCorpus, embed: torch.Tensor, h
             opt.step()
             lr_sched.step()
             step += 1
-            rec = _record(res, step, lr, cfg.max_time is not None and time.monotonic() - t0 > cfg.max_time, world, dev)
+            rec = _record(res, step, lr, cfg.max_time is not None and time.monotonic() - t0 > cfg.max_time, world, dev,
+                          _second_tau(cfg))
             stop = rec.pop("stop")
             rec["seconds"] = time.monotonic() - t_step  # this rank's wall time for the step, features included
             history.append(rec)
@@ -172,11 +173,13 @@ def _modules(cfg: TrainConfig, corpus, drafter, corrector,
     if not isinstance(drafter, DFlashDrafter):
         raise TypeError(f"drafter: expected a DFlashDrafter or DFlashConfig, got {type(drafter).__name__}")
     d, V = drafter.config.hidden_size, drafter.config.vocab_size
-    kind: type[Corrector | Head] = {"dcoco": Corrector, "domino": DominoHead, "dspark": DSparkHead}[cfg.method]
+    kind: type[Corrector | Head]
+    kind, make = {"dcoco": (Corrector, lambda: Corrector(d, cfg.num_candidates, cfg.width, cfg.mlp_hidden,
+                                                         cfg.anchor_transition)),
+                  "domino": (DominoHead, lambda: DominoHead(d, d, V)),
+                  "dspark": (DSparkHead, lambda: DSparkHead(d, V))}[cfg.method]
     if corrector is None and cfg.mode != "drafter":
-        corrector = {"dcoco": lambda: Corrector(d, cfg.num_candidates, cfg.width, cfg.mlp_hidden,
-                                                cfg.anchor_transition),
-                     "domino": lambda: DominoHead(d, d, V), "dspark": lambda: DSparkHead(d, V)}[cfg.method]()
+        corrector = make()
     if corrector is not None and not isinstance(corrector, kind):
         raise ValueError(f"corrector: method {cfg.method!r} trains a {kind.__name__}, got a "
                          f"{type(corrector).__name__} (from --init?)")
@@ -235,10 +238,10 @@ def _step(model: nn.Module, objective: Objective, opt: torch.optim.Optimizer, sc
     return res
 
 
-def _record(res: dict, step: int, lr: float, stop: bool, world: int, dev: torch.device) -> dict:
-    """Global per-step numbers: losses averaged over ranks, tau over all blocks; stop if any rank stops."""
+def _record(res: dict, step: int, lr: float, stop: bool, world: int, dev: torch.device, second: str) -> dict:
+    """Global per-step numbers: losses averaged over ranks, tau over all blocks (second: the re-selected draft's,
+    _second_tau); stop if any rank stops."""
     tau = "tau_shortlist" if "tau_shortlist" in res else "tau_dflash"
-    second = _second_tau(res)
     v = torch.stack([res["loss"].detach().float(), res["dflash"].detach().float(), res["corr"].detach().float(),
                      res[tau], res.get(second, torch.zeros((), device=dev)), res["blocks"].float(),
                      torch.tensor(float(stop), device=dev)])
@@ -252,10 +255,10 @@ def _record(res: dict, step: int, lr: float, stop: bool, world: int, dev: torch.
     return rec
 
 
-def _second_tau(res: dict) -> str:
-    """The key of the re-selected draft's tau: tau_head for a baseline's head, else tau_dcoco (absent in drafter
-    mode)."""
-    return "tau_head" if "tau_head" in res else "tau_dcoco"
+def _second_tau(cfg: TrainConfig) -> str:
+    """The key of the re-selected draft's tau (Objective's outputs; absent in drafter mode): tau_head for a
+    baseline's head, tau_dcoco for DCOCO's corrector."""
+    return "tau_dcoco" if cfg.method == "dcoco" else "tau_head"
 
 
 def _features(batch: dict[str, torch.Tensor], target: TargetFeatures | None) -> dict[str, torch.Tensor]:
@@ -267,7 +270,7 @@ def _features(batch: dict[str, torch.Tensor], target: TargetFeatures | None) -> 
 def _evaluate(objective: Objective, sched: Schedule, embed, head, step: int, world: int, dev: torch.device,
               target: TargetFeatures | None) -> dict:
     """Teacher-forced tau and losses on the held-out sequences (every rank its share, summed over ranks)."""
-    was = objective.training
+    was, second = objective.training, _second_tau(objective.cfg)
     objective.eval()
     v = torch.zeros(5, device=dev)  # loss x blocks, dflash x blocks, tau_dflash, tau_dcoco, blocks
     for b in sched.eval_batches():
@@ -279,7 +282,7 @@ def _evaluate(objective: Objective, sched: Schedule, embed, head, step: int, wor
             res = objective(_features({k: t.to(dev) for k, t in b.items()}, target), embed, head)
         n = res["blocks"].float()
         v += torch.stack([res["loss"].float() * n, res["dflash"].float() * n, res["tau_dflash"],
-                          res.get(_second_tau(res), torch.zeros((), device=dev)), n])
+                          res.get(second, torch.zeros((), device=dev)), n])
     objective.train(was)
     if world > 1:
         dist.all_reduce(v)
@@ -287,5 +290,5 @@ def _evaluate(objective: Objective, sched: Schedule, embed, head, step: int, wor
     ev = {"step": step, "eval_loss": loss / max(n, 1), "eval_dflash": dflash / max(n, 1),
           "eval_tau_dflash": td / max(n, 1), "eval_blocks": int(n)}
     if objective.corrector is not None:
-        ev["eval_tau_head" if objective.cfg.method != "dcoco" else "eval_tau_dcoco"] = tc / max(n, 1)
+        ev[f"eval_{second}"] = tc / max(n, 1)
     return ev
