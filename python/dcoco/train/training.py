@@ -72,16 +72,7 @@ def train(cfg: TrainConfig, corpus: Corpus | TokenCorpus, embed: torch.Tensor, h
     torch.manual_seed(cfg.seed)
     drafter, corrector = _modules(cfg, corpus, drafter, corrector, target)
     _check_weights(cfg, drafter, embed, head)
-    drafter.float().to(dev)
-    drafter.requires_grad_(cfg.mode != "corrector")
-    drafter.grad_checkpoint = cfg.grad_checkpoint
-    if corrector is not None:
-        corrector.float().to(dev)
-        corrector.requires_grad_(cfg.mode != "drafter")
-    # the LM head only meets bf16-autocast matmuls on CUDA: kept in bf16 there (the online target's own head is
-    # then shared, not copied); float32 elsewhere
-    embed = embed.detach().float().to(dev)
-    head = head.detach().to(dev, torch.bfloat16 if dev.type == "cuda" else torch.float32)
+    embed, head = _place(cfg, drafter, corrector, embed, head, dev)
 
     anchors = cfg.anchors or (512 if dev.type == "cuda" else 32)
     sched = Schedule(corpus, cfg.seed, cfg.seqs_per_step, anchors, rank, world, cfg.eval_sequences)
@@ -137,6 +128,22 @@ def train(cfg: TrainConfig, corpus: Corpus | TokenCorpus, embed: torch.Tensor, h
         if lock is not None:
             lock.release()
     return TrainResult(drafter, corrector, step, total, history)
+
+
+def _place(cfg: TrainConfig, drafter: DFlashDrafter, corrector: Corrector | Head | None, embed: torch.Tensor,
+           head: torch.Tensor, dev: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+    """Moves the trained modules to dev in float32 with gradients where cfg.mode trains them; returns the
+    target's embedding and LM head on dev."""
+    drafter.float().to(dev)
+    drafter.requires_grad_(cfg.mode != "corrector")
+    drafter.grad_checkpoint = cfg.grad_checkpoint
+    if corrector is not None:
+        corrector.float().to(dev)
+        corrector.requires_grad_(cfg.mode != "drafter")
+    # the LM head only meets bf16-autocast matmuls on CUDA: kept in bf16 there (the online target's own head is
+    # then shared, not copied); float32 elsewhere
+    return (embed.detach().float().to(dev),
+            head.detach().to(dev, torch.bfloat16 if dev.type == "cuda" else torch.float32))
 
 
 def _serving_loads(out: Path) -> bool:
