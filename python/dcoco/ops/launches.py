@@ -17,7 +17,8 @@ from torch.utils._pytree import tree_flatten
 
 # no kernel: allocation or metadata only
 _NO_KERNEL = {"empty", "empty_strided", "empty_like", "new_empty", "new_empty_strided", "lift_fresh", "detach",
-              "alias", "set_", "resize_", "_unsafe_view", "view", "_reshape_alias"}
+              "alias", "set_", "resize_", "_unsafe_view", "view", "_reshape_alias",
+              "_record_function_enter_new", "_record_function_exit"}  # profiler regions: host-side marks
 # reads only the rows it gathers: count the output (and the index) rather than the whole source
 _GATHERS = {"embedding", "index_select", "gather", "index"}
 # write only the positions they are given: count the index (and one value per index) rather than the whole target

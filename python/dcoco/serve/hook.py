@@ -11,6 +11,10 @@ import torch
 from ..corrector import Corrector
 from ..ops.select import sample, select
 
+# profiler regions of the hook's parts (the corrector's own is vllm_model.OP_NAME), for a draft step's cost split
+TOPK = "dcoco_topk"
+WRITE = "dcoco_write"
+
 
 def tokens(corrector: Corrector, embed: torch.Tensor, selection: str, hidden: torch.Tensor, cand_ids: torch.Tensor,
            cand_logits: torch.Tensor, anchor_ids: torch.Tensor | None = None) -> torch.Tensor:
@@ -105,6 +109,9 @@ def on_logits(correct, hidden: torch.Tensor, logits: torch.Tensor, k: int, point
     """The whole hook on a compute_logits call: logits (rows, V) of hidden (rows, d); correct(hidden, ids,
     values) -> (rows,) tokens over the rows' top-K (see rows()), given anchor_hidden (R, d) and anchor_ids (R,) too
     when the corrector is anchor-aware. Returns logits, rewritten in place."""
-    ids, values = candidates(logits, k)
+    with torch.profiler.record_function(TOPK):
+        ids, values = candidates(logits, k)
     anchor = () if anchor_hidden is None and anchor_ids is None else (anchor_hidden, anchor_ids)
-    return hand_back(logits, correct(hidden, ids, values, *anchor), point_mass)
+    chosen = correct(hidden, ids, values, *anchor)
+    with torch.profiler.record_function(WRITE):
+        return hand_back(logits, chosen, point_mass)
