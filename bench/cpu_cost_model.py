@@ -5,8 +5,9 @@ Run in .venv-vllm:
         --out bench/results/cpu-serving
 
 For each dtype (float32, bfloat16), each k = 1 ... 8 target positions per request per step (k = 1: plain decoding;
-k > 1: num_speculative_tokens = k - 1) and each system (DFlash: --drafter alone; DCOCO: --drafter with a corrector),
-a child process holds one in-process engine (SmolLM2-135M and the drafter) and, at each concurrency c, measures:
+k > 1: num_speculative_tokens = k - 1) and each system (dflash: --drafter as it is; dflash-short: --drafter with the
+shortlisted head of `dcoco export --draft-vocab N --data DATA`; dcoco: --drafter with a corrector), a child process
+holds one in-process engine (SmolLM2-135M and the drafter) and, at each concurrency c, measures:
 - the decode step's wall time, by difference: c greedy chat requests generate --short and then --long tokens each
   (ignore_eos); (wall_long - wall_short) / (steps_long - steps_short), so prefill and start-up cancel. Steps are
   the tokens per request without speculation and vLLM's draft count / c with it;
@@ -38,7 +39,11 @@ import torch
 
 from dcoco.corrector import Corrector
 from dcoco.modeling import checkpoint
+from dcoco.modeling.draft_vocab import DraftHead
 from dcoco.target import smollm2
+from dcoco.target.features import TokenCorpus
+from dcoco.train import datagen
+from dcoco.train.batches import frequent_tokens
 
 from vllm_throughput import prompts  # beside this script: the held-out prompts
 
@@ -46,21 +51,25 @@ REGIONS = ("target_forward", "draft_step", "drafter_context", "drafter_layers", 
            "dcoco_corrector", "dcoco_write")
 
 
-SYSTEMS = ("dflash", "dcoco")
+SYSTEMS = ("dflash", "dflash-short", "dcoco")
 
 
-def drafter_folder(drafter: Path, corrector: Path | None, out: Path) -> Path:
-    """A dcoco drafter folder in out: --drafter with --corrector's corrector, or with a fresh one (costs only)."""
-    d, _ = checkpoint.load(drafter)
-    if corrector is not None:
-        c = checkpoint.load(corrector)[1]
+def drafter_folders(a, root: Path) -> dict[str, Path]:
+    """Each system's drafter folder: --drafter; it with the shortlisted head over --data's --draft-vocab most
+    frequent response tokens; it with --corrector's corrector, or a fresh one (costs only)."""
+    d, _ = checkpoint.load(a.drafter)
+    if a.corrector is not None:
+        c = checkpoint.load(a.corrector)[1]
         if not isinstance(c, Corrector):
-            raise SystemExit(f"--corrector: {corrector} holds no DCOCO corrector")
+            raise SystemExit(f"--corrector: {a.corrector} holds no DCOCO corrector")
     else:
         torch.manual_seed(0)
         c = Corrector(d.config.hidden_size)
-    checkpoint.save(out, d, c, dtype=torch.bfloat16)
-    return out
+    checkpoint.save(root / "dcoco", d, c, dtype=torch.bfloat16)
+    head = smollm2.load()[1].get_output_embeddings().weight.detach()
+    ids = frequent_tokens(TokenCorpus(datagen.load(a.data, head.shape[0])), a.draft_vocab)
+    checkpoint.export(a.drafter, root / "dflash-short", draft_head=DraftHead.from_target(head, ids))
+    return {"dflash": Path(a.drafter), "dflash-short": root / "dflash-short", "dcoco": root / "dcoco"}
 
 
 def _engine(target: Path, drafter: Path | None, k: int, dtype: str, max_num_seqs: int):
@@ -115,8 +124,7 @@ def _run(llm, msgs, max_tokens: int) -> tuple[float, int, float, float]:
 def one(a) -> dict:
     """One dtype and k, every concurrency: step time by difference, tau, and the profiled split."""
     concurrency = [int(x) for x in a.concurrency.split(",")]
-    drafter = Path(a.drafter_dir if a.system == "dcoco" else a.drafter)
-    llm = _engine(Path(a.target), drafter, a.k, a.dtype, max(concurrency))
+    llm = _engine(Path(a.target), Path(a.drafter_dir), a.k, a.dtype, max(concurrency))
     llm.collective_rpc(_mark)
     _run(llm, [[{"role": "user", "content": "Hi"}]], 8)  # warm-up
     out = {}
@@ -127,7 +135,7 @@ def one(a) -> dict:
             wall, tokens, drafts, accepted = _run(llm, msgs, m)
             walls.append(wall)
             steps.append(drafts / c if a.k > 1 else m)
-            if a.k > 1 and m == a.long and (a.system == "dflash" or a.corrector):
+            if a.k > 1 and m == a.long and (a.system != "dcoco" or a.corrector):
                 taus = 1 + accepted / drafts  # a fresh corrector's tau means nothing
         step_ms = 1e3 * (walls[1] - walls[0]) / (steps[1] - steps[0])
         with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
@@ -154,7 +162,8 @@ def table(runs: list[dict], concurrency: list[int]) -> list[dict]:
     for dtype in sorted({r["dtype"] for r in runs}):
         for c in concurrency:
             plain = next(r["cells"][str(c)] for r in runs if r["dtype"] == dtype and r["k"] == 1)
-            for r in sorted((r for r in runs if r["dtype"] == dtype), key=lambda r: (r["system"], r["k"])):
+            mine = [r for r in runs if r["dtype"] == dtype]
+            for r in sorted(mine, key=lambda r: (r["system"] != "plain", r["system"], r["k"])):
                 cell = r["cells"][str(c)]
                 cost = cell["step_ms"] / plain["step_ms"]
                 p = cell["profiled_ms_per_step"]
@@ -175,6 +184,9 @@ def main() -> int:
     ap.add_argument("--dtypes", default="float32,bfloat16")
     ap.add_argument("--ks", default="1,2,3,4,5,6,7,8", help="target positions per request per step")
     ap.add_argument("--systems", default=",".join(SYSTEMS))
+    ap.add_argument("--draft-vocab", type=int, default=4096, help="dflash-short's list size (%(default)s: the "
+                                                                    "shipped drafters' training-loss shortlist)")
+    ap.add_argument("--data", default="python/dcoco/data/smollm2-corpus", help="the corpus it counts")
     ap.add_argument("--concurrency", default="1,8")
     ap.add_argument("--short", type=int, default=16)
     ap.add_argument("--long", type=int, default=80)
@@ -197,12 +209,12 @@ def main() -> int:
     runs = []
     with tempfile.TemporaryDirectory() as tmp:
         target = smollm2.export(Path(tmp) / "target")
-        folder = drafter_folder(Path(a.drafter), a.corrector and Path(a.corrector), Path(tmp) / "drafter")
+        folders = drafter_folders(a, Path(tmp))
         children = [(dtype, system, k) for dtype in a.dtypes.split(",") for k in ks
                     for system in (["dflash"] if k == 1 else a.systems.split(","))]
         for dtype, system, k in children:
             cmd = [sys.executable, __file__, "--one", "--k", str(k), "--dtype", dtype, "--system", system,
-                   "--target", str(target), "--drafter-dir", str(folder), "--drafter", a.drafter,
+                   "--target", str(target), "--drafter-dir", str(folders[system]), "--drafter", a.drafter,
                    "--concurrency", a.concurrency, "--short", str(a.short), "--long", str(a.long)]
             cmd += ["--corrector", a.corrector] if a.corrector else []
             p = subprocess.run(cmd, capture_output=True, text=True)
@@ -215,7 +227,8 @@ def main() -> int:
             print(json.dumps(runs[-1]), flush=True)
             (out / f"{a.name}.partial.json").write_text(json.dumps(runs, indent=1) + "\n")  # kept if stopped
     rows = table(runs, concurrency)
-    config = {"drafter": a.drafter, "corrector": a.corrector, "short": a.short, "long": a.long,
+    config = {"drafter": a.drafter, "corrector": a.corrector, "draft_vocab": a.draft_vocab, "data": a.data,
+              "short": a.short, "long": a.long,
               "cpu": os.cpu_count(), "torch_threads": torch.get_num_threads(), "command": " ".join(sys.argv)}
     (out / f"{a.name}.json").write_text(json.dumps({"config": config, "table": rows, "runs": runs}, indent=1) + "\n")
     (out / f"{a.name}.partial.json").unlink()

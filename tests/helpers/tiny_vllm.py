@@ -12,6 +12,7 @@ import torch
 from dcoco import Corrector
 from dcoco.modeling import checkpoint
 from dcoco.modeling.dflash import DFlashConfig, DFlashDrafter
+from dcoco.modeling.draft_vocab import DraftHead
 from dcoco.testing import tiny
 
 V, N = 512, 3  # vocabulary; drafted slots (block 4)
@@ -29,9 +30,11 @@ def make_target(path, seed: int = 0):
     Qwen3ForCausalLM(cfg).to(torch.bfloat16).save_pretrained(path)
 
 
-def make_drafter(path, corrector: bool = True, drop: str | None = None, zlab: bool = False, anchor: bool = False):
+def make_drafter(path, corrector: bool = True, drop: str | None = None, zlab: bool = False, anchor: bool = False,
+                 shortlist: torch.Tensor | None = None, target: Path | None = None):
     """A tiny drafter checkpoint: with a random corrector that changes drafts (anchor: an anchor-aware one, which
-    re-ranks slot 1 too), without one, or z-lab's layout; drop: one corrector tensor left out."""
+    re-ranks slot 1 too), without one, or z-lab's layout; drop: one corrector tensor left out; shortlist: a draft
+    head over these ids, rows of the head of the target saved in the folder target."""
     torch.manual_seed(1)
     d = DFlashDrafter(DFlashConfig(hidden_size=128, intermediate_size=256, num_hidden_layers=1, num_attention_heads=4,
                                    num_key_value_heads=2, head_dim=32, vocab_size=V, mask_token_id=V - 1,
@@ -42,6 +45,11 @@ def make_drafter(path, corrector: bool = True, drop: str | None = None, zlab: bo
     if zlab:  # z-lab's published layout, written by hand
         tiny.save_zlab_drafter(path, d)
         return
+    if shortlist is not None:
+        from safetensors.torch import load_file
+
+        head = load_file(str(Path(target) / "model.safetensors"))["model.embed_tokens.weight"]  # tied
+        d.draft_head = DraftHead.from_target(head.float(), shortlist)
     c = None
     if corrector:
         c = Corrector(128, num_candidates=8, width=32, mlp_hidden=64, anchor_transition=anchor)

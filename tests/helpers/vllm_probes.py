@@ -54,6 +54,11 @@ def clear(worker) -> None:
     m.probe_inputs.clear()
 
 
+def head_rows(worker) -> int:
+    """Rows of the drafter's LM head as served: a shortlisted head's own N, or the target's V when shared."""
+    return int(_drafter(worker).lm_head.weight.shape[0])
+
+
 def state(worker) -> dict:
     """What the engine loaded: the drafter class, whether the corrector is on and prepared, and how it runs."""
     m = _drafter(worker)

@@ -171,7 +171,7 @@ def rewrite(path, config=None, tensors=None):
     (lambda c, t: c.update(dflash_config={}), "missing mask_token_id"),
     (lambda c, t: c.update(layer_types=["sliding_attention"] * 2), "layer_types"),
     (lambda c, t: c.update(attention_bias=True), "attention_bias"),
-    (lambda c, t: c.update(draft_vocab_size=32), "draft_vocab_size"),
+    (lambda c, t: c.update(draft_vocab_size=32), "draft_vocab_size 32 but the checkpoint has no lm_head.weight or d2t"),
     (lambda c, t: c.update(num_key_value_heads=3), "num_key_value_heads"),
     (lambda c, t: t.pop("layers.1.mlp.up_proj.weight"), r"missing \['layers.1.mlp.up_proj.weight'\]"),
     (lambda c, t: t.update({"embed_tokens.weight": torch.zeros(V, D)}), r"unexpected \['embed_tokens.weight'\]"),

@@ -27,6 +27,9 @@ from helpers import vllm_probes as probes
 from helpers.tiny_vllm import N, PROMPTS, V, close, generate, make_drafter, make_target, spec_counters
 
 
+SHORTLIST = torch.arange(0, V, 2)  # a shortlisted draft head over the even ids
+
+
 @pytest.fixture(scope="module")
 def models(tmp_path_factory):
     root = tmp_path_factory.mktemp("vllm")
@@ -35,6 +38,8 @@ def models(tmp_path_factory):
     make_drafter(root / "anchor", anchor=True)
     make_drafter(root / "dflash", corrector=False, zlab=True)
     make_drafter(root / "partial", drop="corrector.mlp.0.weight")
+    make_drafter(root / "shortlist", shortlist=SHORTLIST, target=root / "target")
+    make_drafter(root / "shortlist-dflash", corrector=False, shortlist=SHORTLIST, target=root / "target")
     return root
 
 
@@ -362,6 +367,24 @@ def dflash_counters(models, plain_greedy):
     c = spec_counters(llm)
     close(llm)
     return c
+
+
+@pytest.mark.parametrize("drafter, argmax", [("shortlist", False), ("shortlist", True), ("shortlist-dflash", False)])
+def test_a_shortlisted_head_keeps_its_own_rows_and_stays_lossless(models, plain_greedy, drafter, argmax):
+    """`dcoco export --draft-vocab`'s layout (draft_vocab_size, d2t, its own lm_head): V1 serves the drafter's own
+    N-row head rather than the target's, every candidate and every draft is on the list (through compute_logits and,
+    with use_local_argmax_reduction, get_top_tokens), and greedy output is still target-only decoding's."""
+    llm = _llm(models, drafter, use_local_argmax_reduction=argmax)
+    assert _rpc(llm, probes.head_rows) == len(SHORTLIST)
+    corrected = _rpc(llm, probes.state)["corrector"]
+    if corrected:
+        llm.collective_rpc(probes.record)
+    assert generate(llm) == plain_greedy
+    if corrected:
+        drafts = _rpc(llm, probes.recorded)["drafts"]
+        assert drafts and all(bool((ids % 2 == 0).all() and (t % 2 == 0).all()) for _, ids, _, t, _ in drafts)
+    assert spec_counters(llm)["vllm:spec_decode_num_drafts"] > 0
+    close(llm)
 
 
 def test_plain_dflash_checkpoint_still_serves(dflash_counters):

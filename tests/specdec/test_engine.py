@@ -18,6 +18,7 @@ from scipy import stats
 from dcoco.corrector import Corrector
 from dcoco.modeling.dflash import DFlashDrafter
 from dcoco.modeling.domino import DominoHead
+from dcoco.modeling.draft_vocab import DraftHead
 from dcoco.modeling.dspark import DSparkHead
 from dcoco.specdec.engine import KS, Engine, probs, summarize, target_only
 from helpers.tiny_models import BS, PROMPTS, corrector, dflash_cfg, llama
@@ -90,6 +91,41 @@ def test_cache_cropping_matches_full_recompute(target, refs, oracle):
         for _ in range(40):
             ids.append(int(target(torch.tensor([ids])).logits[0, -1].argmax()))
     assert Engine(target, oracle, eos_token_id=None).generate(p, 40).tokens == ids[len(p):]
+
+
+def test_a_shortlisted_head_drafts_from_its_list_and_stays_lossless(target, refs, oracle):
+    """A drafter whose head lists the even ids only: its candidates are all even, and decoding still equals the
+    target's (the odd tokens the oracle scripts are never drafted, so fewer drafts are accepted)."""
+    head = target.get_output_embeddings().weight.detach()
+    evens = torch.arange(0, 64, 2)
+    taus = {}
+    for listed in (False, True):
+        oracle.draft_head = DraftHead.from_target(head, evens) if listed else None
+        for eng in (Engine(target, oracle, eos_token_id=None),
+                    Engine(target, oracle, corrector(), num_candidates=8, eos_token_id=None)):
+            results = []
+            for p, ref in zip(PROMPTS, refs):
+                oracle.seq = p + ref
+                results.append(eng.generate(p, 40))
+                assert results[-1].tokens == ref, (listed, eng.corrector is not None, p)
+            taus[listed, eng.corrector is not None] = summarize(results)["tau"]
+        if listed:
+            ids, _ = eng.candidates(torch.randn(3, 5, 64))
+            assert ids.shape == (3, 5, 16) and bool((ids % 2 == 0).all())
+    oracle.draft_head = None
+    assert taus[True, False] < taus[False, False]
+
+
+def test_a_shortlisted_head_refuses_what_needs_the_whole_vocabulary(target, oracle):
+    head = target.get_output_embeddings().weight.detach()
+    oracle.draft_head = DraftHead.from_target(head, torch.arange(12))
+    try:
+        with pytest.raises(ValueError, match="a DominoHead reads the drafter's logits over the whole vocabulary"):
+            Engine(target, oracle, DominoHead(64, 64, 64, gru_size=16, mid_size=16))
+        with pytest.raises(ValueError, match="its draft vocabulary has 12 tokens, fewer than the 16 candidates"):
+            Engine(target, oracle)
+    finally:
+        oracle.draft_head = None
 
 
 def test_eos_stops(target, refs, oracle):

@@ -1,5 +1,6 @@
 """`dcoco export`: a serving checkpoint rewritten in another dtype, or its drafter alone, or its drafter with a
-trained DSpark head in the Qwen3 DSpark layout vLLM serves as `method: "dspark"`."""
+trained DSpark head in the Qwen3 DSpark layout vLLM serves as `method: "dspark"`, or with a shortlisted draft head
+(the most frequent response tokens of a corpus)."""
 
 from __future__ import annotations
 
@@ -20,6 +21,35 @@ def arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--head", help="with --format dspark: a trained DSparkHead, as a safetensors file of its "
                                   "state_dict or a folder with model.safetensors (`dcoco demo`'s dspark stage)")
     p.add_argument("--dtype", choices=("bfloat16", "float16", "float32"), help="stored dtype (default: as saved)")
+    p.add_argument("--draft-vocab", type=int, metavar="N",
+                   help="draft over the N most frequent response tokens of --data only (a shortlisted LM head, "
+                        "lossless: the target verifies every token); use the N of the drafter's training loss "
+                        "(--loss-vocab) and its corpus, which gives the same list")
+    p.add_argument("--data", help="with --draft-vocab: the corpus whose response tokens are counted (a `dcoco data "
+                                  "generate` folder, e.g. dcoco's shipped python/dcoco/data/smollm2-corpus)")
+    p.add_argument("--target", default="smollm2",
+                   help="with --draft-vocab: the target whose LM head rows the list takes (%(default)s)")
+
+
+def _draft_head(args: argparse.Namespace):
+    """The shortlisted head of --draft-vocab over --data's response tokens, rows of --target's LM head."""
+    from ..modeling.draft_vocab import DraftHead
+    from ..target.features import TokenCorpus
+    from ..target.load import load_target
+    from ..train import datagen
+    from ..train.batches import frequent_tokens
+
+    if args.data is None:
+        raise ValueError("--data: --draft-vocab counts the response tokens of a corpus; give its folder")
+    if args.draft_vocab < 1:
+        raise ValueError(f"--draft-vocab: expected an integer >= 1, got {args.draft_vocab}")
+    head = load_target(args.target)[1].get_output_embeddings().weight.detach()
+    corpus = TokenCorpus(datagen.load(args.data, head.shape[0]))
+    ids = frequent_tokens(corpus, args.draft_vocab)
+    if len(ids) < args.draft_vocab:
+        raise ValueError(f"--draft-vocab: {args.data} has only {len(ids)} distinct response tokens, fewer than "
+                         f"{args.draft_vocab}")
+    return DraftHead.from_target(head, ids)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -34,6 +64,7 @@ def run(args: argparse.Namespace) -> int:
         if dspark and args.drafter_only:
             raise ValueError("--drafter-only: a DSpark checkpoint never holds a corrector; leave it out with "
                              "--format dspark")
+        draft_head = None if args.draft_vocab is None else _draft_head(args)
         print(checkpoint.export(args.checkpoint, args.out, drafter_only=args.drafter_only, dtype=args.dtype,
-                                dspark_head=args.head))
+                                dspark_head=args.head, draft_head=draft_head))
     return 0

@@ -35,6 +35,7 @@ from ..corrector import Corrector
 from .dflash import ARCHITECTURE as DFLASH_ARCHITECTURE
 from .dflash import DFlashDrafter
 from .domino import DominoHead
+from .draft_vocab import DraftHead
 from .dspark import DSparkHead
 from ..files import replacing_folder
 from .weights import check_state, read_config, read_tensors
@@ -200,11 +201,12 @@ def _load_domino(path: Path, cfg: dict, dtype: torch.dtype | None,
 
 
 def export(src: str | Path, out: str | Path, drafter_only: bool = False, dtype: str | None = None,
-           dspark_head: str | Path | DSparkHead | None = None) -> Path:
+           dspark_head: str | Path | DSparkHead | None = None, draft_head: DraftHead | None = None) -> Path:
     """Rewrite the checkpoint at src into out: drafter_only drops the corrector (a plain DFlash checkpoint, what
     vLLM serves as DFlash: the "same drafter, corrector off" baseline); dspark_head (a DSparkHead, or the file or
     folder read_dspark_head reads) writes src's drafter with that head in the DSpark layout instead (the corrector
-    left out; save_dspark); dtype ("bfloat16", "float16", "float32") casts the stored tensors. Returns out."""
+    left out; save_dspark); draft_head gives the drafter that shortlisted head (draft_vocab.py), replacing any it
+    had; dtype ("bfloat16", "float16", "float32") casts the stored tensors. Returns out."""
     if Path(out).resolve() == Path(src).resolve():
         raise ValueError(f"out: {out} is the source checkpoint; write to another folder")
     if dtype is not None and dtype not in ("bfloat16", "float16", "float32"):
@@ -214,6 +216,16 @@ def export(src: str | Path, out: str | Path, drafter_only: bool = False, dtype: 
                          "leave drafter_only out with dspark_head")
     head = dspark_head if dspark_head is None or isinstance(dspark_head, DSparkHead) else read_dspark_head(dspark_head)
     drafter, corrector = load(src)
+    if draft_head is not None:
+        if head is not None or isinstance(corrector, (DSparkHead, DominoHead)):
+            raise ValueError("draft_head: DSpark's and Domino's heads read the drafter's logits over the whole "
+                             "vocabulary; a shortlisted head is for DFlash and DCOCO checkpoints")
+        if draft_head.vocab_size != drafter.config.vocab_size or \
+                draft_head.weight.shape[1] != drafter.config.hidden_size:
+            raise ValueError(f"draft_head: a head over a vocabulary of {draft_head.vocab_size} with rows of "
+                             f"{draft_head.weight.shape[1]}, but the drafter has vocab_size "
+                             f"{drafter.config.vocab_size} and hidden_size {drafter.config.hidden_size}")
+        drafter.draft_head = draft_head
     cast = getattr(torch, dtype) if dtype else None
     if head is not None:
         save_dspark(out, drafter, head, cast)

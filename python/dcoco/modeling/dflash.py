@@ -24,6 +24,8 @@ from torch.utils.checkpoint import checkpoint
 from ..ops import checks
 from .dflash_config import ARCHITECTURE, DFlashConfig, build_target_layer_ids
 from .dflash_layers import Layer, RMSNorm, block_mask
+from .draft_vocab import TENSORS as DRAFT_HEAD_TENSORS
+from .draft_vocab import DraftHead, from_checkpoint
 from .weights import check_state, check_storable, read_config, read_tensors
 
 # the names users and tests import from here, wherever they live now
@@ -42,7 +44,9 @@ class DFlashDrafter(nn.Module):
     """DFlash drafter. Parameter names are the checkpoint's tensor names (z-lab layout, what vLLM loads):
     layers.{i}.self_attn.{q,k,v,o}_proj.weight, layers.{i}.self_attn.{q,k}_norm.weight,
     layers.{i}.mlp.{gate,up,down}_proj.weight, layers.{i}.{input,post_attention}_layernorm.weight,
-    fc.weight (d, n*d), hidden_norm.weight, norm.weight. No buffers: RoPE is computed per call."""
+    fc.weight (d, n*d), hidden_norm.weight, norm.weight. No buffers: RoPE is computed per call.
+    draft_head: None (draft over the target's whole head, passed to each call), or a DraftHead (draft_vocab.py): a
+    shortlisted head the checkpoint carries, written and read with it."""
 
     def __init__(self, config: DFlashConfig):
         super().__init__()
@@ -54,6 +58,7 @@ class DFlashDrafter(nn.Module):
         self.hidden_norm = RMSNorm(c.hidden_size, c.rms_norm_eps)
         self.norm = RMSNorm(c.hidden_size, c.rms_norm_eps)
         self.grad_checkpoint = False  # training: recompute layer activations in backward (memory for time)
+        self.draft_head: DraftHead | None = None
         for m in self.modules():
             if isinstance(m, nn.Linear):
                 nn.init.normal_(m.weight, std=0.02)  # Qwen3's initializer_range
@@ -194,6 +199,9 @@ class DFlashDrafter(nn.Module):
         from safetensors.torch import save_file
 
         tensors = dict(self.state_dict())
+        if self.draft_head is not None:
+            extra_tensors = {**(extra_tensors or {}), **self.draft_head.tensors()}
+            config_update = {**self.draft_head.config(), **(config_update or {})}
         clash = sorted(tensors.keys() & (extra_tensors or {}).keys())
         if clash:
             raise ValueError(f"extra_tensors: names {clash[:8]} collide with the drafter's")
@@ -220,19 +228,23 @@ class DFlashDrafter(nn.Module):
         extend DFlash's (their architecture name; their own tensors, by one prefix or several, left to their
         loader)."""
         path = Path(path)
+        raw = read_config(path)
         try:
-            config = DFlashConfig.from_dict(read_config(path), architectures)
+            config = DFlashConfig.from_dict(raw, architectures)
         except (TypeError, ValueError) as e:  # the field's name alone does not say which checkpoint
             raise ValueError(f"{path / 'config.json'}: {e}") from None
         # rotary inv_freq is derived from the config; transformers may have saved it
         tensors = read_tensors(path, lambda k: not k.endswith("rotary_emb.inv_freq")
                                and not (skip_prefix and k.startswith(skip_prefix)))
+        head = from_checkpoint(raw, {k: tensors.pop(k) for k in DRAFT_HEAD_TENSORS if k in tensors}, str(path))
         with torch.device("meta"):
             model = cls(config)
         check_state(tensors, {k: v.shape for k, v in model.state_dict().items()}, str(path),
                     "checkpoint does not match the config", shown=8)
         dtype = dtype or tensors["fc.weight"].dtype
         model.load_state_dict({k: v.to(device=device, dtype=dtype) for k, v in tensors.items()}, assign=True)
+        if head is not None:
+            model.draft_head = head.to(device=device, dtype=dtype)
         return model
 
 

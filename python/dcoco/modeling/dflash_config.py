@@ -127,7 +127,6 @@ def _check_supported(d: dict) -> None:
         "use_sliding_window": bool(d.get("use_sliding_window")) or bool(dc.get("use_swa")),
         "dflash_config.causal": bool(dc.get("causal")) or bool(d.get("is_causal")),
         "target_hidden_size": d.get("target_hidden_size") not in (None, d.get("hidden_size")),
-        "draft_vocab_size": d.get("draft_vocab_size") not in (None, d.get("vocab_size")),
         "attention_sink_bias": bool(dc.get("attention_sink_bias")) or bool(d.get("add_swa_attention_sink_bias")),
         "input_embedding_scale": d.get("input_embedding_scale", 1.0) != 1.0,
         "output_multiplier": d.get("output_multiplier", 1.0) != 1.0,

@@ -8,6 +8,7 @@ from pathlib import Path
 import torch
 
 STORED = (torch.float32, torch.bfloat16, torch.float16, torch.float64)  # what a checkpoint's weights are stored as
+ID_TENSORS = ("d2t",)  # int64 token ids, not weights: a shortlisted draft head's (draft_vocab.py)
 
 
 def read_json(file: Path) -> dict:
@@ -48,8 +49,8 @@ def weight_files(path: str | Path) -> list[Path]:
 def read_tensors(path: str | Path, keep=lambda name: True) -> dict[str, torch.Tensor]:
     """The tensors named `keep` in a checkpoint directory's safetensors files (or in one such file), checked: a
     file that safetensors cannot read (truncated, corrupt), a tensor stored in a dtype other than float32, bfloat16,
-    float16 or float64 (integers, float8: no weight of either layout is stored so), or one holding NaN or inf is a
-    ValueError naming the file and the tensor."""
+    float16 or float64 (integers, float8: no weight of either layout is stored so; ID_TENSORS are int64), or one
+    holding NaN or inf is a ValueError naming the file and the tensor."""
     from safetensors import SafetensorError, safe_open
 
     out = {}
@@ -62,7 +63,7 @@ def read_tensors(path: str | Path, keep=lambda name: True) -> dict[str, torch.Te
         except (SafetensorError, OSError) as e:
             raise ValueError(f"{f}: not a readable safetensors file ({e})") from None
         for k, t in out.items():
-            if t.dtype not in STORED:
+            if t.dtype not in STORED and not (k in ID_TENSORS and t.dtype == torch.int64):
                 raise ValueError(f"{f}: tensor {k} is stored as {str(t.dtype).removeprefix('torch.')}; expected "
                                  "float32, bfloat16, float16 or float64")
             bad = int((~t.isfinite()).sum())

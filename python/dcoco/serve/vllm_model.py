@@ -29,6 +29,9 @@ table is gathered once (in chunks), when vLLM shares it into the drafter at load
 (V, r) table (table_only), so eager and graph calls compute the same thing. (A
 drafter with its own embedding prepares at its first forward: vLLM's eager start-up pass on a GPU.) Every rank
 then corrects the same gathered top-K, so drafts agree across ranks.
+A shortlisted draft head (draft_vocab.py: draft_vocab_size, d2t and the drafter's own lm_head) is vLLM's reduced draft
+vocabulary: compute_logits hands back the target's vocabulary (-inf off the list), and get_top_tokens' ids are mapped
+through d2t, so the corrector always scores target ids.
 The tensor work of both hooks (top-K, the corrector call, the hand-back) is in hook.py, which imports no vLLM; the
 vLLM methods wrapped are in vllm_patches.py.
 Imported by vLLM only (the plugin names it lazily)."""
@@ -123,6 +126,10 @@ class DFlashDCOCOForCausalLM(DFlashQwen3ForCausalLM):
         # (hidden, input_ids) of the running draft pass, for an anchor-aware corrector (see forward)
         self._anchors: tuple[torch.Tensor, torch.Tensor] | None = None
         dmc = self.draft_model_config
+        if self.draft_id_to_target_id is not None:
+            # a shortlisted draft head (dcoco export --draft-vocab): its own (N, d) lm_head, which V1's proposer
+            # replaces with the target's whole head unless the model says it has its own
+            self.has_own_lm_head = True
         dc = _dcoco_config(self.config, dmc.model, dmc.revision)
         self.corrector: Corrector | None = None
         self.walks = False
@@ -134,11 +141,6 @@ class DFlashDCOCOForCausalLM(DFlashQwen3ForCausalLM):
             dc = checkpoint.dcoco_config(dc, dmc.model)
         except ValueError as e:
             raise ValueError(f"dcoco: bad drafter checkpoint: {e}") from None
-        if self.draft_id_to_target_id is not None:
-            raise ValueError(f"dcoco: {dmc.model} sets draft_vocab_size={self.config.draft_vocab_size}, but the "
-                             f"target's vocabulary has {vllm_config.model_config.get_vocab_size()} tokens; the "
-                             "corrector needs the drafter to score the target's whole vocabulary (remove "
-                             "draft_vocab_size and d2t)")
         if self.num_slots < 2:
             logger.warning("dcoco: num_speculative_tokens=%d: the corrector keeps slot 1's argmax, so it changes "
                            "nothing; draft 2 or more tokens to use it", self.num_slots)
@@ -340,8 +342,14 @@ class DFlashDCOCOForCausalLM(DFlashQwen3ForCausalLM):
     def get_top_tokens(self, hidden_states: torch.Tensor) -> torch.Tensor:
         block = self._draft_inputs(hidden_states.shape[0])
         if block is None:
-            return super().get_top_tokens(hidden_states)
+            return self._target_ids(super().get_top_tokens(hidden_states))
         with torch.profiler.record_function(HOOK):  # includes the LM head here: vLLM's reduction runs it
-            k = min(self._corrector_on.num_candidates, self.model.embed_tokens.org_vocab_size)
+            k = min(self._corrector_on.num_candidates, self.lm_head.org_vocab_size)
             ids, values = vllm_tp.top_k(self.logits_processor, self.lm_head, hidden_states, k)
-            return self.correct(hidden_states, ids, values, *block)
+            return self.correct(hidden_states, self._target_ids(ids), values, *block)
+
+    def _target_ids(self, ids: torch.Tensor) -> torch.Tensor:
+        """Target ids of the LM head's ids: the same, or through d2t for a shortlisted head (sorted by target id, so
+        the order among ids, and argmax_first's tie rule, carry over)."""
+        d2t = self.draft_id_to_target_id
+        return ids if d2t is None else ids + d2t[ids]

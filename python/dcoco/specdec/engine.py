@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING, Any, cast
 import torch
 
 from ..ops import fused
+from . import inputs
 from ..corrector import Corrector
 from ..modeling.dflash import DFlashDrafter
 from ..ops.select import sample, select
@@ -65,25 +66,6 @@ class Result:
     @property
     def rounds(self) -> int:
         return len(self.committed)
-
-
-def _check_sampling(max_new_tokens, temperature, top_p, top_k) -> None:
-    if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, int) or max_new_tokens < 1:
-        raise ValueError(f"max_new_tokens: expected an integer >= 1, got {max_new_tokens!r}")
-    if isinstance(temperature, bool) or not isinstance(temperature, (int, float)) or not (
-            math.isfinite(temperature) and temperature >= 0):
-        raise ValueError(f"temperature: expected a finite number >= 0 (0 = greedy), got {temperature!r}")
-    if isinstance(top_p, bool) or not isinstance(top_p, (int, float)) or not 0 < top_p <= 1:
-        raise ValueError(f"top_p: expected a number in (0, 1], got {top_p!r}")
-    if isinstance(top_k, bool) or not isinstance(top_k, int) or top_k < 0:
-        raise ValueError(f"top_k: expected an integer >= 0 (0 = off), got {top_k!r}")
-
-
-def _check_prompt(prompt_ids, vocab: int) -> None:
-    if not isinstance(prompt_ids, Sequence) or isinstance(prompt_ids, (str, bytes)) or not prompt_ids:
-        raise ValueError(f"prompt_ids: expected a non-empty list of token ids, got {prompt_ids!r}")
-    if not all(isinstance(t, int) and not isinstance(t, bool) and 0 <= t < vocab for t in prompt_ids):
-        raise ValueError(f"prompt_ids: expected token ids in [0, {vocab})")
 
 
 def probs(logits: torch.Tensor, temperature: float, top_p: float = 1.0, top_k: int = 0) -> torch.Tensor:
@@ -132,8 +114,8 @@ def target_only(target: PreTrainedModel, prompt_ids: list[int], max_new_tokens: 
     eos_token_id: int, list, None (never stop) or "auto" (the target config's)."""
     from transformers import DynamicCache
 
-    _check_sampling(max_new_tokens, temperature, top_p, top_k)
-    _check_prompt(prompt_ids, target.config.vocab_size)
+    inputs.check_sampling(max_new_tokens, temperature, top_p, top_k)
+    inputs.check_prompt(prompt_ids, target.config.vocab_size)
     eos = _eos_set(target, eos_token_id)
     t0 = time.perf_counter()
     cache = DynamicCache()
@@ -192,6 +174,13 @@ class Engine:
         if isinstance(corrector, SEQUENTIAL) and (rule != "greedy" or corrector.vocab_size != V):
             raise ValueError(f"corrector: a {type(corrector).__name__} drafts greedily over a vocabulary of {V}; got "
                              f"rule {rule!r}, vocab_size {corrector.vocab_size}")
+        draft_head = drafter.draft_head
+        if draft_head is not None and isinstance(corrector, (DominoHead, DSparkHead)):
+            raise ValueError(f"drafter: a {type(corrector).__name__} reads the drafter's logits over the whole "
+                             f"vocabulary; this drafter drafts over a list of {len(draft_head)} tokens")
+        if draft_head is not None and len(draft_head) < self.top:
+            raise ValueError(f"drafter: its draft vocabulary has {len(draft_head)} tokens, fewer than the "
+                             f"{self.top} candidates kept per slot")
         if draft_sample_method not in ("greedy", "probabilistic"):
             raise ValueError(f"draft_sample_method: expected 'greedy' or 'probabilistic', got {draft_sample_method!r}")
         if draft_sample_method == "probabilistic" and (rule != "greedy" or isinstance(corrector, SEQUENTIAL)):
@@ -219,8 +208,7 @@ class Engine:
         and simulation (every anchor at once). top: (ids, logits) of the slots' top self.top candidates when
         already computed (the simulation shares them between engines with one drafter)."""
         if top is None:
-            t = DFlashDrafter.compute_logits(h[:, 1:], self.head).float().topk(self.top, -1)
-            top = (t.indices, t.values)
+            top = self.candidates(h[:, 1:])
         ids, vals = top[0][..., :self.K], top[1][..., :self.K]
         hc = h.to(self.embed.dtype)
         c = self.corrector
@@ -239,6 +227,14 @@ class Engine:
             first, grid = self._walk_inputs(hc, ids, vals, anchor_ids)
             drafted = ids.gather(2, select(grid, first, self.rule, self.lam)[..., None])[..., 0]
         return drafted, top[0], top[1], hc
+
+    def candidates(self, h: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """The top self.top candidates of the drafted slots' hidden states h (..., d): target ids and float32 logits,
+        sorted by logit; over the drafter's shortlisted head when it has one (draft_vocab.DraftHead)."""
+        if self.drafter.draft_head is not None:
+            return self.drafter.draft_head.top(h, self.top)
+        t = DFlashDrafter.compute_logits(h, self.head).float().topk(self.top, -1)
+        return t.indices, t.values
 
     def _hidden(self, hc: torch.Tensor, n: int, anchor_ids: torch.Tensor) -> tuple[torch.Tensor, dict]:
         """What the corrector reads of the whole block hc (R,B+1,d) for its first n slots: (hidden, its keyword
@@ -350,12 +346,12 @@ class Engine:
         rounding on near-ties) get no oracle values."""
         from transformers import DynamicCache
 
-        _check_sampling(max_new_tokens, temperature, top_p, top_k)
-        _check_prompt(prompt_ids, self.head.shape[0])
+        inputs.check_sampling(max_new_tokens, temperature, top_p, top_k)
+        inputs.check_prompt(prompt_ids, self.head.shape[0])
         if reference is not None:
             if temperature != 0:
                 raise ValueError("reference: oracle metrics need greedy decoding (temperature 0)")
-            _check_prompt(reference, self.head.shape[0])
+            inputs.check_prompt(reference, self.head.shape[0])
             reference = list(reference)
         walks: list[int] = []
         firsts: list[int] = []

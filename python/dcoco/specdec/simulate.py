@@ -23,7 +23,6 @@ from pathlib import Path
 import torch
 
 from ..files import write_text_atomic
-from ..modeling.dflash import DFlashDrafter
 from .engine import KS, Engine, Result
 
 
@@ -104,11 +103,10 @@ def _blocks(engine: Engine, seq: list[int], P: int, T: int, chunk: int, hidden_s
     parts = []
     for lo in range(P, P + T - 1, chunk):
         anchors = torch.arange(lo, min(lo + chunk, P + T - 1), device=dev)[None]
-        key = (id(engine.drafter), engine.top, lo)
+        key = (id(engine.drafter), id(engine.drafter.draft_head), engine.top, lo)
         if key not in shared:
             h = engine.drafter(ids, ctx, anchors, engine.embed)[0]  # (A,B+1,d), the anchor's position first
-            t = DFlashDrafter.compute_logits(h[:, 1:], engine.head).float().topk(engine.top, -1)
-            shared[key] = h, (t.indices, t.values)
+            shared[key] = h, engine.candidates(h[:, 1:])
         h, top = shared[key]
         parts.append([x.cpu() for x in engine.draft(h, ids[0, anchors[0]], top)])
     return tuple(torch.cat(p) for p in zip(*parts))
