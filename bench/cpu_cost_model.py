@@ -17,7 +17,8 @@ holds one in-process engine (SmolLM2-135M and the drafter) and, at each concurre
   forward), its LM head (compute_logits less dcoco's hook), the hook's top-K, the corrector, and the write-back of
   the chosen tokens into the logits.
 From these: the cost of a round in plain steps, c_k = step(k) / step(1), which is also the break-even tau (a round
-commits tau tokens on average, a plain step one), and the speedup tau(k) / c_k that the measured tau gives.
+commits tau tokens on average, a plain step one), the speedup tau(k) / c_k that the measured tau gives, and the
+long run's tokens/s over plain decoding's (prefill included: what a user sees).
 
 The corrector's weights do not change its cost: --corrector DIR takes a trained one (a dcoco drafter folder whose
 corrector matches --drafter's width); without it a fresh corrector of the default shape is attached (its tau is
@@ -171,6 +172,7 @@ def table(runs: list[dict], concurrency: list[int]) -> list[dict]:
                              "step_ms": round(cell["step_ms"], 2), "break_even_tau": round(cost, 3),
                              "tau": cell["tau"] and round(cell["tau"], 3),
                              "speedup_at_tau": cell["tau"] and round(cell["tau"] / cost, 3),
+                             "tps_over_plain": round(cell["tps_long"] / plain["tps_long"], 3),
                              "verify_over_plain": round(p["target_forward"] /
                                                         plain["profiled_ms_per_step"]["target_forward"], 3),
                              "draft_split_ms": {k: round(v, 2) for k, v in _split(p).items()}})
@@ -234,7 +236,8 @@ def main() -> int:
     (out / f"{a.name}.partial.json").unlink()
     for r in rows:
         print(f"{r['dtype']:>9} c={r['concurrency']} {r['system']:>6} k={r['k']}: step {r['step_ms']:7.2f} ms, "
-              f"break-even tau {r['break_even_tau']:.2f}, tau {r['tau']}, speedup {r['speedup_at_tau']}")
+              f"break-even tau {r['break_even_tau']:.2f}, tau {r['tau']}, speedup {r['speedup_at_tau']}, "
+              f"tok/s over plain {r['tps_over_plain']}")
     return 0
 
 
