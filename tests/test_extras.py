@@ -28,7 +28,7 @@ COMMAND_EXTRA = {
     "info": None,
     "export-smollm2": "demo",  # the embedded target ships for the demo
     "data": "train",
-    "export": None,
+    "export": "demo",  # --draft-vocab reads the target's LM head rows; the rest needs no extra
     "train": "train",
     "eval": "train",
     "bench": "bench",

@@ -28,7 +28,8 @@ def arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--data", help="with --draft-vocab: the corpus whose response tokens are counted (a `dcoco data "
                                   "generate` folder, e.g. dcoco's shipped python/dcoco/data/smollm2-corpus)")
     p.add_argument("--target", default="smollm2",
-                   help="with --draft-vocab: the target whose LM head rows the list takes (%(default)s)")
+                   help="with --draft-vocab: the target whose LM head rows the list takes (%(default)s; loading it "
+                        "needs dcoco[demo])")
 
 
 def _draft_head(args: argparse.Namespace):
