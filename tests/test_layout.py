@@ -25,7 +25,7 @@ EXTRAS = {"ops": (), "top": (), "modeling": (), "dcoco": (), "target": ("train",
           "benchmark": ("bench",), "testing": ("test",)}
 MODULE_EXTRAS = {"dcoco.serve.vllm_model": ("vllm",), "dcoco.serve.vllm_tp": ("vllm",),
                  "dcoco.serve.vllm_patches": ("vllm",), "dcoco.plots": ("demo", "bench"),
-                 "dcoco.chat": ("train", "bench")}
+                 "dcoco.chat": ("train", "bench"), "dcoco.modeling.llamacpp": ("demo",)}
 # distributions installed by one that dcoco declares
 COMES_WITH = {"tokenizers": "transformers", "huggingface-hub": "transformers"}
 
