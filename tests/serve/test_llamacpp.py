@@ -7,6 +7,8 @@ Skipped where scripts/build_llamacpp.sh has not run."""
 
 from __future__ import annotations
 
+import contextlib
+import io
 import os
 import socket
 import subprocess
@@ -39,10 +41,16 @@ COSMETIC = {"general.name", "general.basename", "general.size_label", "general.v
 pytestmark = pytest.mark.skipif(not SERVER.exists(), reason="llama-server is not built (scripts/build_llamacpp.sh)")
 
 
+def quietly(*args: str) -> int:
+    """`dcoco ARGS`, its output (the paths it wrote, the target's load bars) left out of the test's log."""
+    with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):
+        return cli.main(list(args))
+
+
 @pytest.fixture(scope="module")
 def drafter_gguf(tmp_path_factory) -> Path:
     out = tmp_path_factory.mktemp("gguf") / "drafter.gguf"
-    assert cli.main(["export", str(DRAFTER), str(out), "--format", "gguf", "--dtype", "float32"]) == 0
+    assert quietly("export", str(DRAFTER), str(out), "--format", "gguf", "--dtype", "float32") == 0
     return out
 
 
@@ -55,7 +63,7 @@ def convert(*args: str) -> None:
 @pytest.fixture(scope="module")
 def smollm2_hf(tmp_path_factory) -> Path:
     out = tmp_path_factory.mktemp("smollm2") / "hf"
-    assert cli.main(["export-smollm2", str(out)]) == 0
+    assert quietly("export-smollm2", str(out)) == 0
     return out
 
 
@@ -133,7 +141,9 @@ def greedy(target: Path, draft: Path | None, prompts: list[list[int]], n: int) -
 
 @pytest.fixture(scope="module")
 def prompts() -> list[list[int]]:
-    return [p for suite in encode(smollm2.tokenizer(), load_suites(rows=1)).values() for p in suite]
+    with contextlib.redirect_stderr(io.StringIO()):  # the tokenizer's load bars
+        tok = smollm2.tokenizer()
+    return [p for suite in encode(tok, load_suites(rows=1)).values() for p in suite]
 
 
 @pytest.fixture(scope="module")
@@ -163,7 +173,7 @@ def dcoco_gguf(request, tmp_path_factory) -> tuple[Path, Corrector]:
             p.copy_(torch.randn(p.shape, generator=g) * (0.5 if p.dim() == 1 else p.shape[-1] ** -0.5))
     folder = tmp_path_factory.mktemp("dcoco")
     checkpoint.save(folder / "ckpt", drafter, corrector, dtype=torch.float32)
-    assert cli.main(["export", str(folder / "ckpt"), str(folder / "dcoco.gguf"), "--format", "gguf"]) == 0
+    assert quietly("export", str(folder / "ckpt"), str(folder / "dcoco.gguf"), "--format", "gguf") == 0
     return folder / "dcoco.gguf", corrector.eval()
 
 
