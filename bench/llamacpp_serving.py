@@ -18,7 +18,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import socket
 import statistics
 import subprocess
 import sys
@@ -27,7 +26,6 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-import httpx
 import torch
 
 from dcoco import cli
@@ -37,6 +35,7 @@ from dcoco.modeling import checkpoint
 from dcoco.specdec.engine import Engine
 from dcoco.target import smollm2
 from dcoco.target.load import load_target
+from dcoco.testing.llamacpp_server import LlamaServer
 
 from vllm_throughput import prompts  # beside this script: the held-out prompts
 
@@ -48,52 +47,18 @@ PAIRS = {"dcoco/no-spec": ("dcoco", "no-spec"), "dflash/no-spec": ("dflash", "no
          "dcoco/dflash": ("dcoco", "dflash")}
 
 
-class Server:
-    """llama-server on a free port: target, optionally drafting with draft (n_max tokens a round)."""
-
-    def __init__(self, target: Path, draft: Path | None, n_max: int, parallel: int):
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            self.url = f"http://127.0.0.1:{s.getsockname()[1]}"
-        args = [str(SERVER), "-m", str(target), "--port", self.url.rsplit(":", 1)[1], "-np", str(parallel),
-                "-c", str(2048 * parallel), "--metrics", "-t", str(os.cpu_count() or 1)]
-        if draft is not None:
-            args += ["-md", str(draft), "--spec-type", "draft-dflash", "--spec-draft-n-max", str(n_max)]
-        self.proc = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT)
-        deadline = time.monotonic() + 180
-        while time.monotonic() < deadline and self.proc.poll() is None:
-            try:
-                if httpx.get(f"{self.url}/health", timeout=2).status_code == 200:
-                    return
-            except httpx.HTTPError:
-                pass
-            time.sleep(0.5)
-        self.proc.kill()
-        raise SystemExit(f"llama-server did not start: {' '.join(args)}")
-
-    def complete(self, ids: list[int], n: int) -> int:
-        r = httpx.post(f"{self.url}/completion", timeout=600, json={
-            "prompt": ids, "n_predict": n, "temperature": 0, "top_k": 1, "ignore_eos": True, "cache_prompt": False})
-        r.raise_for_status()
-        return int(r.json()["tokens_predicted"])
-
-    def counters(self) -> tuple[float, float]:
-        text = httpx.get(f"{self.url}/metrics", timeout=10).text
-        c = {line.split()[0]: float(line.split()[1]) for line in text.splitlines() if line.startswith("llamacpp:")}
-        return c["llamacpp:spec_decode_num_accepted_tokens_total"], c["llamacpp:spec_decode_num_drafts_total"]
-
-    def close(self) -> None:
-        self.proc.terminate()
-        self.proc.wait(30)
+def _spec(server: LlamaServer) -> tuple[float, float]:
+    c = server.counters()
+    return c["spec_decode_num_accepted_tokens_total"], c["spec_decode_num_drafts_total"]
 
 
-def cell(server: Server, ids: list[list[int]], n: int) -> dict:
-    accepted0, drafts0 = server.counters()
+def cell(server: LlamaServer, ids: list[list[int]], n: int) -> dict:
+    accepted0, drafts0 = _spec(server)
     t = time.perf_counter()
     with ThreadPoolExecutor(len(ids)) as pool:
-        tokens = sum(pool.map(lambda p: server.complete(p, n), ids))
+        tokens = sum(pool.map(lambda p: int(server.complete(p, n, ignore_eos=True)["tokens_predicted"]), ids))
     wall = time.perf_counter() - t
-    accepted, drafts = server.counters()
+    accepted, drafts = _spec(server)
     return {"tokens": tokens, "wall": wall, "accepted": accepted - accepted0, "drafts": drafts - drafts0}
 
 
@@ -151,7 +116,7 @@ def main() -> int:
         for r in range(a.rounds):
             for target, path in targets.items():
                 for system in SYSTEMS[r % 3:] + SYSTEMS[:r % 3]:  # rotated: drift favours no system
-                    server = Server(path, drafts.get(system), n_max, max(concurrency))
+                    server = LlamaServer(SERVER, path, drafts.get(system), n_max, max(concurrency))
                     try:
                         for c in concurrency:
                             batches = [ids[i:i + c] for i in range(0, a.prompts * c, c)]

@@ -10,10 +10,8 @@ from __future__ import annotations
 import contextlib
 import io
 import os
-import socket
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import numpy as np
@@ -21,7 +19,7 @@ import pytest
 import torch
 
 gguf = pytest.importorskip("gguf", reason="dcoco[demo] is not installed")
-httpx = pytest.importorskip("httpx", reason="dcoco[bench] is not installed")
+pytest.importorskip("httpx", reason="dcoco[bench] is not installed")
 
 from dcoco import cli
 from dcoco.corrector import Corrector
@@ -29,6 +27,7 @@ from dcoco.modeling import checkpoint
 from dcoco.specdec.evaluate import encode
 from dcoco.suites import load_suites
 from dcoco.target import smollm2
+from dcoco.testing.llamacpp_server import LlamaServer
 
 ROOT = Path(__file__).parents[2]
 LLAMACPP = Path(os.environ.get("DCOCO_LLAMACPP", ROOT / "build" / "llama.cpp"))
@@ -90,51 +89,10 @@ def test_the_export_equals_llamacpps_converter(drafter_gguf, smollm2_hf, tmp_pat
         assert np.asarray(mine[t.name].data).tobytes() == np.asarray(t.data).tobytes(), t.name
 
 
-class Server:
-    """llama-server on a free port (target, optionally drafting with draft)."""
-
-    def __init__(self, target: Path, draft: Path | None, n_max: int = 7):
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            self.port = s.getsockname()[1]
-        args = [str(SERVER), "-m", str(target), "--port", str(self.port), "-np", "1", "-c", "4096",
-                "--metrics", "-t", str(os.cpu_count() or 1)]
-        if draft is not None:
-            args += ["-md", str(draft), "--spec-type", "draft-dflash", "--spec-draft-n-max", str(n_max)]
-        self.proc = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-        self.url = f"http://127.0.0.1:{self.port}"
-        deadline = time.monotonic() + 180
-        while time.monotonic() < deadline and self.proc.poll() is None:
-            try:
-                if httpx.get(f"{self.url}/health", timeout=2).status_code == 200:
-                    return
-            except httpx.HTTPError:
-                pass
-            time.sleep(0.5)
-        self.proc.kill()
-        raise RuntimeError(f"llama-server did not start: {self.proc.stdout.read()[-3000:] if self.proc.stdout else ''}")
-
-    def complete(self, ids: list[int], n: int) -> list[int]:
-        r = httpx.post(f"{self.url}/completion", timeout=300, json={
-            "prompt": ids, "n_predict": n, "temperature": 0, "top_k": 1, "cache_prompt": False,
-            "return_tokens": True, "ignore_eos": False})
-        r.raise_for_status()
-        return r.json()["tokens"]
-
-    def counters(self) -> dict[str, float]:
-        text = httpx.get(f"{self.url}/metrics", timeout=10).text
-        return {line.split()[0].split(":")[1]: float(line.split()[1]) for line in text.splitlines()
-                if line.startswith("llamacpp:") and " " in line}
-
-    def close(self) -> None:
-        self.proc.terminate()
-        self.proc.wait(30)
-
-
 def greedy(target: Path, draft: Path | None, prompts: list[list[int]], n: int) -> tuple[list, dict]:
-    server = Server(target, draft)
+    server = LlamaServer(SERVER, target, draft)
     try:
-        return [server.complete(p, n) for p in prompts], server.counters()
+        return [server.complete(p, n)["tokens"] for p in prompts], server.counters()
     finally:
         server.close()
 
