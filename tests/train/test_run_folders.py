@@ -155,6 +155,22 @@ def test_a_stage_records_its_lineage_and_a_stopped_stage_ends_the_recipe(tiny_di
     assert stages.read(b)["recipe"]["from"] == stages.read(a)["recipe"] and _steps(b) == [1, 2]
 
 
+def test_a_stage_sets_the_corrector_and_its_gradient_into_the_drafter(tiny_dirs, tmp_path):
+    """A recipe's joint control arm: corr_grad and anchor_transition are stage settings, recorded in done.json."""
+    from dcoco.modeling import checkpoint
+    from dcoco.train import stages
+
+    a, b = tmp_path / "a", tmp_path / "b"
+    r = _recipe(tmp_path / "r.toml", tiny_dirs, [
+        {"mode": "drafter", "steps": 1, "out": str(a)},
+        {"mode": "joint", "steps": 1, "out": str(b), "corr_grad": 0.0, "anchor_transition": True}])
+    assert cli.main(["train", "--config", str(r), "--no-progress"]) == 0
+    first, second = stages.read(a)["recipe"], stages.read(b)["recipe"]
+    assert (first["corr_grad"], first["anchor_transition"]) == (1.0, False)
+    assert (second["corr_grad"], second["anchor_transition"]) == (0.0, True)
+    assert checkpoint.load(b)[1].anchor_transition
+
+
 def _holder(out: Path):
     """Another process holding out's run lock (as a running `dcoco train` does) until its stdin closes."""
     import subprocess

@@ -55,10 +55,10 @@ class TrainConfig:
     mlp_hidden: int = _field(256, OPTIM, "corrector MLP width (%(default)s)", resume=True)
     corr_grad: float = _field(1.0, OPTIM, "joint: weight of L_corr's gradient into the drafter; 0 trains the drafter "
                                           "on the DFlash loss alone while the corrector learns on it (%(default)s: "
-                                          "the paper's sum)", resume=True)
+                                          "the paper's sum)", stage=True, resume=True)
     anchor_transition: bool = _field(False, OPTIM, "the corrector also re-ranks slot 1, scoring its candidates "
                                                    "against the anchor (beyond the paper: docs/spec.md, the anchor "
-                                                   "transition)", resume=True)
+                                                   "transition)", stage=True, resume=True)
     logit_chunk: int | None = _field(None, MEMORY, "rows per LM-head chunk for the loss and top-K (default: 256 MB "
                                                    "of float32 logits per chunk)")  # head.py
     # drafter mode: head.shortlist_ce
