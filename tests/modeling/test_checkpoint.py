@@ -192,3 +192,47 @@ def test_an_export_killed_between_its_renames_is_undone_by_the_next(saved, tmp_p
     checkpoint.export(saved, tmp_path / "out")
     assert sorted(p.name for p in tmp_path.iterdir()) == sorted([".other.tmp1", "ck", "out"])
     checkpoint.load(out)
+
+
+@pytest.mark.parametrize("anchor", [False, True])
+def test_export_attaches_a_corrector_saved_alone_bit_for_bit(saved, tmp_path, anchor):
+    """`dcoco export --corrector`: a corrector saved as its state_dict (as `dcoco demo`'s corrector and anchor
+    stages write it, the anchor flag in the file's metadata) joins the checkpoint's drafter, replacing its own."""
+    from dcoco.corrector import Corrector
+    from helpers.tiny_models import SMALL_D
+
+    torch.manual_seed(1)
+    c = Corrector(SMALL_D, width=24, mlp_hidden=40, anchor_transition=anchor)
+    for p in c.parameters():
+        torch.nn.init.normal_(p)
+    stage = tmp_path / "stage"
+    stage.mkdir()
+    save_file(c.state_dict(), str(stage / "model.safetensors"),
+              metadata={"anchor_transition": str(anchor).lower(), "num_candidates": "12"})
+    out = tmp_path / "out"
+    assert cli.main(["export", str(saved), str(out), "--corrector", str(stage)]) == 0
+    drafter, got = checkpoint.load(out, dtype=torch.float32)
+    assert isinstance(got, Corrector) and got.anchor_transition == anchor
+    assert (got.width, got.mlp_hidden, got.num_candidates) == (24, 40, 12)
+    for k, v in c.state_dict().items():
+        assert torch.equal(got.state_dict()[k], v), k
+    for k, v in checkpoint.load(saved, dtype=torch.float32)[0].state_dict().items():
+        assert torch.equal(drafter.state_dict()[k], v), k
+
+
+def test_a_corrector_that_does_not_fit_is_named_and_nothing_is_written(saved, tmp_path):
+    from dcoco.corrector import Corrector
+    from helpers.tiny_models import SMALL_D
+
+    wide = tmp_path / "wide.safetensors"
+    save_file(Corrector(SMALL_D + 8).state_dict(), str(wide))
+    save_file({"fc.weight": torch.randn(4, 4)}, str(tmp_path / "other.safetensors"))
+    for extra, message in {("--corrector", str(wide)): f"corrector: hidden_size {SMALL_D + 8} differs",
+                           ("--corrector", str(tmp_path / "other.safetensors")): "holds no dcoco.Corrector",
+                           ("--corrector", str(tmp_path / "nowhere")): "no such file or folder",
+                           ("--corrector", str(wide), "--drafter-only"): "leave out drafter_only",
+                           ("--corrector", str(wide), "--format", "gguf"): "--corrector: attached with --format "
+                                                                          "dflash only"}.items():
+        with pytest.raises(SystemExit, match=message):
+            cli.main(["export", str(saved), str(tmp_path / "out"), *extra])
+        assert not (tmp_path / "out").exists()

@@ -1,6 +1,7 @@
 """`dcoco export`: a serving checkpoint rewritten in another dtype, or its drafter alone, or its drafter with a
-trained DSpark head in the Qwen3 DSpark layout vLLM serves as `method: "dspark"`, or with a shortlisted draft head
-(the most frequent response tokens of a corpus), or as the one GGUF file llama.cpp's DFlash drafter loads."""
+trained corrector attached, or with a trained DSpark head in the Qwen3 DSpark layout vLLM serves as `method:
+"dspark"`, or with a shortlisted draft head (the most frequent response tokens of a corpus), or as the one GGUF
+file llama.cpp's DFlash drafter loads."""
 
 from __future__ import annotations
 
@@ -22,6 +23,10 @@ def arguments(p: argparse.ArgumentParser) -> None:
                         "tokenizer of --target's GGUF (docs/llamacpp.md)")
     p.add_argument("--head", help="with --format dspark: a trained DSparkHead, as a safetensors file of its "
                                   "state_dict or a folder with model.safetensors (`dcoco demo`'s dspark stage)")
+    p.add_argument("--corrector", help="with --format dflash: attach this trained corrector to the checkpoint's "
+                                       "drafter (replacing any): a safetensors file of a dcoco.Corrector's "
+                                       "state_dict or a folder with model.safetensors (`dcoco demo`'s corrector "
+                                       "and anchor stages)")
     p.add_argument("--dtype", choices=("bfloat16", "float16", "float32"), help="stored dtype (default: as saved)")
     p.add_argument("--draft-vocab", type=int, metavar="N",
                    help="draft over the N most frequent response tokens of --data only (a shortlisted LM head, "
@@ -65,6 +70,9 @@ def run(args: argparse.Namespace) -> int:
             raise ValueError("--head: --format dspark needs the DSpark head to write (a safetensors file or folder)")
         if not dspark and args.head is not None:
             raise ValueError("--head: only read with --format dspark")
+        if args.corrector is not None and args.format != "dflash":
+            raise ValueError(f"--corrector: attached with --format dflash only; write that checkpoint first, then "
+                             f"export it with --format {args.format}")
         if args.format == "gguf" and args.draft_vocab is not None:
             raise ValueError("--draft-vocab: write the shortlisted checkpoint first (dcoco export CKPT DIR "
                              "--draft-vocab N --data DATA), then export DIR with --format gguf")
@@ -81,5 +89,5 @@ def run(args: argparse.Namespace) -> int:
             return 0
         draft_head = None if args.draft_vocab is None else _draft_head(args)
         print(checkpoint.export(args.checkpoint, args.out, drafter_only=args.drafter_only, dtype=args.dtype,
-                                dspark_head=args.head, draft_head=draft_head))
+                                dspark_head=args.head, draft_head=draft_head, corrector=args.corrector))
     return 0

@@ -276,8 +276,9 @@ def frozen_stage(out: Path, make, steps: int, base: tuple, data: corpus.Corpus, 
     m = make()
     trained = frozen.train(m, cache, embed, head, steps, batch, progress=progress)
     out.mkdir(parents=True, exist_ok=True)
-    anchor = isinstance(m, Corrector) and m.anchor_transition
-    save_file(m.state_dict(), str(out / "model.safetensors"), metadata={"anchor_transition": str(anchor).lower()})
+    meta = {"anchor_transition": str(m.anchor_transition).lower(), "num_candidates": str(m.num_candidates)} \
+        if isinstance(m, Corrector) else {}  # what checkpoint.read_corrector reads beside the tensors
+    save_file(m.state_dict(), str(out / "model.safetensors"), metadata=meta)
     info = stages.write(out, want, mode="frozen drafter, cached outputs", **trained,
                         cached_blocks=len(cache["target"]), cache_seconds=cache_seconds,
                         parameters=sum(p.numel() for p in m.parameters()))
@@ -285,9 +286,8 @@ def frozen_stage(out: Path, make, steps: int, base: tuple, data: corpus.Corpus, 
 
 
 def load_frozen(path: Path) -> frozen.Model:
-    with safe_open(str(path / "model.safetensors"), "pt") as f:  # one read: the tensors and the stage's flag
+    with safe_open(str(path / "model.safetensors"), "pt") as f:
         sd = {k: f.get_tensor(k) for k in f.keys()}
-        anchor = (f.metadata() or {}).get("anchor_transition") == "true"
     m: frozen.Model
     if "gru.weight_hh_l0" in sd:
         G, (mid, dg) = sd["gru.weight_hh_l0"].shape[1], sd["mix.weight"].shape
@@ -298,8 +298,7 @@ def load_frozen(path: Path) -> frozen.Model:
     elif "pred.weight" in sd:
         m = CandidateSelector(sd["proj.weight"].shape[1], sd["pred.weight"].shape[0], sd["pred.weight"].shape[1])
     else:
-        m = Corrector(sd["cand_proj.weight"].shape[1], width=sd["cand_proj.weight"].shape[0],
-                      mlp_hidden=sd["mlp.0.weight"].shape[0], anchor_transition=anchor)
+        return checkpoint.read_corrector(path)
     m.load_state_dict(sd)
     return m.eval()
 

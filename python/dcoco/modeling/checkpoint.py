@@ -201,12 +201,14 @@ def _load_domino(path: Path, cfg: dict, dtype: torch.dtype | None,
 
 
 def export(src: str | Path, out: str | Path, drafter_only: bool = False, dtype: str | None = None,
-           dspark_head: str | Path | DSparkHead | None = None, draft_head: DraftHead | None = None) -> Path:
+           dspark_head: str | Path | DSparkHead | None = None, draft_head: DraftHead | None = None,
+           corrector: str | Path | Corrector | None = None) -> Path:
     """Rewrite the checkpoint at src into out: drafter_only drops the corrector (a plain DFlash checkpoint, what
     vLLM serves as DFlash: the "same drafter, corrector off" baseline); dspark_head (a DSparkHead, or the file or
     folder read_dspark_head reads) writes src's drafter with that head in the DSpark layout instead (the corrector
     left out; save_dspark); draft_head gives the drafter that shortlisted head (draft_vocab.py), replacing any it
-    had; dtype ("bfloat16", "float16", "float32") casts the stored tensors. Returns out."""
+    had; corrector (a Corrector, or the file or folder read_corrector reads) replaces src's corrector, if any;
+    dtype ("bfloat16", "float16", "float32") casts the stored tensors. Returns out."""
     if Path(out).resolve() == Path(src).resolve():
         raise ValueError(f"out: {out} is the source checkpoint; write to another folder")
     if dtype is not None and dtype not in ("bfloat16", "float16", "float32"):
@@ -214,10 +216,19 @@ def export(src: str | Path, out: str | Path, drafter_only: bool = False, dtype: 
     if dspark_head is not None and drafter_only:
         raise ValueError("drafter_only: a DSpark checkpoint holds the drafter and its head, never a corrector; "
                          "leave drafter_only out with dspark_head")
+    if corrector is not None and (drafter_only or dspark_head is not None):
+        raise ValueError("corrector: a corrector is written into a DFlash/DCOCO checkpoint; leave out drafter_only "
+                         "and dspark_head with it")
     head = dspark_head if dspark_head is None or isinstance(dspark_head, DSparkHead) else read_dspark_head(dspark_head)
-    drafter, corrector = load(src)
+    attached = corrector if corrector is None or isinstance(corrector, Corrector) else read_corrector(corrector)
+    drafter, second = load(src)
+    if attached is not None:
+        if attached.hidden_size != drafter.config.hidden_size:
+            raise ValueError(f"corrector: hidden_size {attached.hidden_size} differs from the drafter's "
+                             f"{drafter.config.hidden_size}")
+        second = attached
     if draft_head is not None:
-        if head is not None or isinstance(corrector, (DSparkHead, DominoHead)):
+        if head is not None or isinstance(second, (DSparkHead, DominoHead)):
             raise ValueError("draft_head: DSpark's and Domino's heads read the drafter's logits over the whole "
                              "vocabulary; a shortlisted head is for DFlash and DCOCO checkpoints")
         if draft_head.vocab_size != drafter.config.vocab_size or \
@@ -231,7 +242,7 @@ def export(src: str | Path, out: str | Path, drafter_only: bool = False, dtype: 
         save_dspark(out, drafter, head, cast)
         return Path(out)
     selection = (read_config(src).get("dcoco_config") or {}).get("selection", "greedy")
-    save(out, drafter, None if drafter_only else corrector, selection, cast)
+    save(out, drafter, None if drafter_only else second, selection, cast)
     return Path(out)
 
 
@@ -309,6 +320,37 @@ def read_dspark_head(path: str | Path) -> DSparkHead:
                 "not a DSparkHead's tensors")
     head.load_state_dict(tensors, assign=True)
     return head.eval()
+
+
+def read_corrector(path: str | Path) -> Corrector:
+    """A trained dcoco.Corrector from a safetensors file of its state_dict, or from a folder holding it as
+    model.safetensors (what `dcoco demo`'s corrector and anchor stages write); its width and MLP size are read
+    from its tensors, anchor_transition and num_candidates (K, default 16) from the file's metadata. ValueError
+    naming the path and what is missing or misshapen."""
+    from safetensors import safe_open
+
+    path = Path(path)
+    file = path if path.is_file() and path.suffix == ".safetensors" else path / "model.safetensors"
+    if not file.is_file():
+        raise ValueError(f"corrector: expected a dcoco.Corrector's .safetensors file or a folder with "
+                         f"model.safetensors, got {path}{'' if path.exists() else ' (no such file or folder)'}")
+    tensors = read_tensors(file)
+    proj, mlp = tensors.get("cand_proj.weight"), tensors.get("mlp.0.weight")
+    if proj is None or mlp is None or proj.dim() != 2 or mlp.dim() != 2:
+        raise ValueError(f"corrector: {path} holds no dcoco.Corrector (expected cand_proj.weight (r,d) and "
+                         f"mlp.0.weight (h,.); got {_shapes(tensors)})")
+    with safe_open(str(file), "pt") as f:
+        meta = f.metadata() or {}
+    K = meta.get("num_candidates", "16")
+    if not K.isdigit():
+        raise ValueError(f"corrector: {file}'s metadata num_candidates is {K!r}; expected an integer")
+    with torch.device("meta"):
+        corrector = Corrector(proj.shape[1], int(K), width=proj.shape[0], mlp_hidden=mlp.shape[0],
+                              anchor_transition=meta.get("anchor_transition") == "true")
+    check_state(tensors, {k: v.shape for k, v in corrector.state_dict().items()}, f"corrector: {path}",
+                "not a dcoco.Corrector's tensors")
+    corrector.load_state_dict(tensors, assign=True)
+    return corrector.eval()
 
 
 def _shapes(tensors: dict[str, torch.Tensor]) -> str:
