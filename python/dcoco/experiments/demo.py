@@ -239,16 +239,19 @@ def baseline_stages(size: Size, work: Path, data: corpus.Corpus, model, tok, dev
                             progress=progress, upstream=out["dflash"][2]["recipe"])
     base = out["dflash-long"] = given
     caches: dict[str, tuple[dict[str, torch.Tensor], float]] = {}
-    for name, make in (("corrector", lambda: Corrector(base[0].config.hidden_size)),
-                       ("anchor", lambda: Corrector(base[0].config.hidden_size, anchor_transition=True)),
-                       ("dflash2", lambda: CandidateSelector(base[0].config.hidden_size, base[0].config.vocab_size,
-                                                             SELECTOR_RANK)),
-                       ("domino", lambda: DominoHead(base[0].config.hidden_size, embed.shape[1],
-                                                     base[0].config.vocab_size)),
-                       ("dspark", lambda: DSparkHead(base[0].config.hidden_size, base[0].config.vocab_size))):
+    for name, make in frozen_models(base[0], embed).items():
         out[name] = frozen_stage(work / name, make, size.corrector_steps, base, data, embed, head, device, caches,
                                  progress, anchors=size.frozen_anchors, batch=size.frozen_batch)
     return out, caches
+
+
+def frozen_models(drafter: DFlashDrafter, embed: torch.Tensor) -> dict:
+    """{stage name: a function making the fresh model that stage trains on the frozen drafter}, in the demo's order:
+    DCOCO's corrector, the anchor-aware one, DFlash2's selector, Domino's and DSpark's heads."""
+    d, V = drafter.config.hidden_size, drafter.config.vocab_size
+    return {"corrector": lambda: Corrector(d), "anchor": lambda: Corrector(d, anchor_transition=True),
+            "dflash2": lambda: CandidateSelector(d, V, SELECTOR_RANK),
+            "domino": lambda: DominoHead(d, embed.shape[1], V), "dspark": lambda: DSparkHead(d, V)}
 
 
 def frozen_stage(out: Path, make, steps: int, base: tuple, data: corpus.Corpus, embed, head, device: str,
