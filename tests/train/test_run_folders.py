@@ -171,6 +171,18 @@ def test_a_stage_sets_the_corrector_and_its_gradient_into_the_drafter(tiny_dirs,
     assert checkpoint.load(b)[1].anchor_transition
 
 
+def test_a_dry_run_plans_a_stage_that_starts_from_an_earlier_stages_folder(tiny_dirs, tmp_path):
+    """A control arm names its start (init = an earlier stage's out), which a dry run cannot read yet."""
+    a, b, c = tmp_path / "a", tmp_path / "b", tmp_path / "c"
+    r = _recipe(tmp_path / "r.toml", tiny_dirs, [{"mode": "drafter", "steps": 1, "out": str(a)},
+                                                 {"mode": "joint", "steps": 1, "out": str(b)},
+                                                 {"mode": "joint", "steps": 1, "out": str(c), "init": str(a)}])
+    plans = tmp_path / "plans.json"
+    assert cli.main(["train", "--config", str(r), "--dry-run", "--plan-json", str(plans), "--no-progress"]) == 0
+    assert [p["mode"] for p in json.loads(plans.read_text())["stages"]] == ["drafter", "joint", "joint"]
+    assert not a.exists() and not b.exists() and not c.exists()
+
+
 def _holder(out: Path):
     """Another process holding out's run lock (as a running `dcoco train` does) until its stdin closes."""
     import subprocess

@@ -188,6 +188,8 @@ def _stage_runs(args: argparse.Namespace, stages: list[dict], given_out: bool) -
             a.out = str(Path(args.out) / name)
         if i and "init" not in st and not args.dry_run:
             a.init = prev  # each stage starts from the one before (a dry run plans the same drafter shape)
+        elif args.dry_run and "init" in st and Path(st["init"]).resolve() in seen:
+            a.init = args.init  # an earlier stage's folder, not written yet: planned like an implicit chain
         prev = a.out
         key = Path(a.out).resolve()
         if key in seen:
