@@ -18,7 +18,7 @@ def arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--device", default="cpu", help="cpu or cuda (%(default)s)")
     p.add_argument("--suites", help="folder of the evaluation suites (default: the 8 shipped in dcoco/data/suites)")
     p.add_argument("--drafter", help="a DFlash checkpoint for SmolLM2-135M-Instruct (e.g. checkpoints/smollm2-scale/"
-                                     "drafter-3) to build on and compare with instead of training the demo's own; "
+                                     "drafter-4) to build on and compare with instead of training the demo's own; "
                                      "its stages are cached apart")
     p.add_argument("--out", help="folder for the JSON and plots (default: the demo's cache folder)")
     p.add_argument("--no-progress", action="store_true")
