@@ -106,12 +106,11 @@ def systems(a) -> dict[str, tuple[Path | None, int | None]]:
     return out
 
 
-def one(a) -> dict:
+def one(a, drafter: Path | None, k: int | None) -> dict:
     """One system, one round (a child process: one engine per process): {concurrency: tokens, wall, tps, tau}.
     Concurrency c: c requests generated together, exactly --max-tokens tokens each (ignore_eos)."""
     from vllm import SamplingParams
 
-    drafter, k = systems(a)[a.one]
     concurrency = [int(x) for x in a.concurrency.split(",")]
     with tempfile.TemporaryDirectory() as tmp:
         target = smollm2.export(Path(tmp) / "target")
@@ -138,9 +137,9 @@ def pairs_of(names: list[str]) -> dict[str, tuple[str, str]]:
     return out | {f"{n}/dflash": (n, "dflash") for n in names if n not in (NO_SPEC, "dflash") and "dflash" in names}
 
 
-def throughput(a, out: Path) -> dict:
+def throughput(a, names: list[str], out: Path) -> dict:
     """Interleaved rounds of the systems, each a child process of this script (--one SYSTEM)."""
-    names, runs = list(systems(a)), []
+    runs = []
     forwarded = [arg for s in a.system for arg in ("--system", s)] + [
         "--size", a.size, "--concurrency", a.concurrency, "--max-tokens", str(a.max_tokens), "--dtype", a.dtype]
     for r in range(a.rounds):
@@ -172,14 +171,13 @@ def headline(table: dict, names: list[str]) -> dict:
     return out
 
 
-def profile(a) -> dict:
+def profile(a, drafter: Path | None, k: int | None) -> dict:
     """The corrector's share of the draft step at each concurrency, from torch.profiler (in-process engine)."""
     import torch
     from vllm import SamplingParams
 
     from dcoco.serve import vllm_model
 
-    drafter, k = systems(a)["dcoco"]
     with tempfile.TemporaryDirectory() as tmp:
         target = smollm2.export(Path(tmp) / "target")
         llm = _engine(target, drafter, 8, disable_log_stats=True, dtype=a.dtype, k=k)
@@ -235,17 +233,17 @@ def main() -> int:
     a = ap.parse_args()
     names = systems(a)
     if a.one:
-        print(json.dumps(one(a)))
+        print(json.dumps(one(a, *names[a.one])))
         return 0
     out = Path(a.out)
     out.mkdir(parents=True, exist_ok=True)
     config = {"systems": {n: [str(d) if d else None, k] for n, (d, k) in names.items()}, "size": a.size,
               "dtype": a.dtype, "max_tokens": a.max_tokens, "cpu": os.cpu_count(), "command": " ".join(sys.argv)}
     if a.profile:
-        res = {"config": config, "profile": profile(a)}
+        res = {"config": config, "profile": profile(a, *names["dcoco"])}
         (out / "profile.json").write_text(json.dumps(res, indent=1) + "\n")
         return 0
-    res = {"config": {**config, "rounds": a.rounds}, **throughput(a, out)}
+    res = {"config": {**config, "rounds": a.rounds}, **throughput(a, list(names), out)}
     (out / f"{a.name}.json").write_text(json.dumps(res, indent=1) + "\n")
     (out / f"{a.name}.partial.json").unlink(missing_ok=True)
     rounds.plot(res["runs"], list(names), out / f"{a.name}.png", f"vLLM, SmolLM2-135M {a.dtype}, "

@@ -289,19 +289,22 @@ def frozen_stage(out: Path, make, steps: int, base: tuple, data: corpus.Corpus, 
 
 
 def load_frozen(path: Path) -> frozen.Model:
+    """The model a frozen stage saved in path, told by the tensors it holds: DCOCO's corrector and DSpark's head
+    through checkpoint's readers, Domino's head and DFlash2's selector here."""
+    with safe_open(str(path / "model.safetensors"), "pt") as f:  # the header: names only, no tensor read yet
+        keys = set(f.keys())
+    if "cand_proj.weight" in keys:
+        return checkpoint.read_corrector(path)
+    if "markov_w1.weight" in keys:
+        return checkpoint.read_dspark_head(path)
     with safe_open(str(path / "model.safetensors"), "pt") as f:
-        sd = {k: f.get_tensor(k) for k in f.keys()}
+        sd = {k: f.get_tensor(k) for k in keys}
     m: frozen.Model
     if "gru.weight_hh_l0" in sd:
         G, (mid, dg) = sd["gru.weight_hh_l0"].shape[1], sd["mix.weight"].shape
         m = DominoHead(dg - G, sd["gru.weight_ih_l0"].shape[1], sd["out.weight"].shape[0], G, mid)
-    elif "markov_w1.weight" in sd:
-        (V, r), d = sd["markov_w1.weight"].shape, sd["confidence_proj.weight"].shape[1]
-        m = DSparkHead(d - r, V, r)
-    elif "pred.weight" in sd:
-        m = CandidateSelector(sd["proj.weight"].shape[1], sd["pred.weight"].shape[0], sd["pred.weight"].shape[1])
     else:
-        return checkpoint.read_corrector(path)
+        m = CandidateSelector(sd["proj.weight"].shape[1], sd["pred.weight"].shape[0], sd["pred.weight"].shape[1])
     m.load_state_dict(sd)
     return m.eval()
 
