@@ -110,3 +110,58 @@ def test_shortlist_bad_arguments():
         shortlist_ce(h[:1, :1], W, labels[:1, :1], torch.arange(2), 4)
     with pytest.raises(ValueError, match="vocab"):
         shortlist_ce(h, W, labels, torch.tensor([300]), 4)
+
+
+def _teacher(labels, n=6, V=300, seed=2):
+    """A random distribution over n distinct tokens per row (float32 probabilities summing to 1)."""
+    g = torch.Generator().manual_seed(seed)
+    ids = torch.rand(*labels.shape, V, generator=g).argsort(-1)[..., :n]
+    return ids, torch.rand(*labels.shape, n, generator=g).softmax(-1)
+
+
+@pytest.mark.parametrize("dtype,tol", [(torch.float32, 1e-5), (torch.bfloat16, 2e-2)])
+@pytest.mark.parametrize("rows", [None, 4, 35])
+def test_teacher_replaces_the_one_hot_target(dtype, tol, rows):
+    h, W, labels, valid = _inputs(dtype)
+    ids, p = _teacher(labels)
+    ce, values, top = topk_ce(h, W, labels, 16, rows, teacher=(ids, p))
+    g, = torch.autograd.grad(decayed_mean(ce, valid, 7.0), h)  # the top-K's own gradient: the tests above
+    logp = F.linear(h, W).float().log_softmax(-1)
+    ref_ce = -(p * logp.gather(-1, ids)).sum(-1)  # the literal cross-entropy against the teacher
+    g_ref, = torch.autograd.grad(decayed_mean(ref_ce, valid, 7.0), h)
+    torch.testing.assert_close(ce, ref_ce, rtol=tol, atol=tol)
+    torch.testing.assert_close(g.float(), g_ref.float(), rtol=tol, atol=tol)
+    one_hot = (labels[..., None], torch.ones(*labels.shape, 1))  # a teacher sure of the label is plain CE
+    torch.testing.assert_close(topk_ce(h, W, labels, 16, rows, teacher=one_hot)[0], topk_ce(h, W, labels, 16, rows)[0],
+                               rtol=tol, atol=tol)
+
+
+@pytest.mark.parametrize("dtype,tol", [(torch.float32, 1e-5), (torch.bfloat16, 2e-2)])
+def test_shortlist_takes_the_teachers_tokens_into_its_candidates(dtype, tol):
+    h, W, labels, valid = _inputs(dtype)
+    ids, p = _teacher(labels)
+    vocab = torch.randperm(300, generator=torch.Generator().manual_seed(1))[:40]
+    ce, values, top = shortlist_ce(h, W, labels, vocab, 16, teacher=(ids, p))
+    g, = torch.autograd.grad(decayed_mean(ce, valid, 7.0), h)
+    cand = sorted(set(vocab.tolist()) | set(labels.flatten().tolist()) | set(ids.flatten().tolist()))
+    outside = torch.ones(300, dtype=torch.bool)
+    outside[cand] = False
+    masked = F.linear(h, W).masked_fill(outside, -1e4)
+    ref_ce = -(p * masked.float().log_softmax(-1).gather(-1, ids)).sum(-1)
+    g_ref, = torch.autograd.grad(decayed_mean(ref_ce, valid, 7.0), h)
+    torch.testing.assert_close(ce, ref_ce, rtol=tol, atol=tol)
+    torch.testing.assert_close(values, masked.topk(16, dim=-1).values, rtol=tol, atol=tol)
+    torch.testing.assert_close(g.float(), g_ref.float(), rtol=tol, atol=tol)
+
+
+def test_teacher_bad_arguments():
+    h, W, labels, _ = _inputs(torch.float32)
+    ids, p = _teacher(labels)
+    with pytest.raises(ValueError, match="teacher ids: must lie"):
+        topk_ce(h, W, labels, 4, teacher=(ids + 300, p))
+    with pytest.raises(ValueError, match="teacher ids: expected shape"):
+        shortlist_ce(h, W, labels, torch.arange(10), 4, teacher=(ids[:2], p[:2]))
+    with pytest.raises(ValueError, match="teacher p: expected shape"):
+        topk_ce(h, W, labels, 4, teacher=(ids, p[..., :2]))
+    with pytest.raises(ValueError, match="teacher: replaces"):
+        topk_ce(h, W, None, 4, teacher=(ids, p))

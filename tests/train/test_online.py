@@ -107,6 +107,65 @@ def test_corpus_labels_are_the_argmax_on_a_greedy_corpus_and_stop_at_the_last_ta
         TargetFeatures(model, list(tiny.TAPS), torch.device("cpu"), labels="next")
 
 
+def test_teacher_is_the_targets_renormalised_top_n(target, cache):
+    """teacher=n: at each position the target's next-token distribution over its top n, from the literal full
+    forward; the argmax labels are its first token; with labels="corpus" the forward runs to the head."""
+    model = target[1]
+    tokens = TokenCorpus(pairs_of(cache))
+    b = collate([tokens[i] for i in range(4)], [torch.tensor([0])] * 4)
+    ids, n = b["ids"], 5
+    out = TargetFeatures(model, list(tiny.TAPS), torch.device("cpu"), teacher=n)(ids)
+    with torch.no_grad():
+        logits = model(input_ids=ids).logits.float()  # the literal reference: every logit, then the top n
+    top = logits[:, :-1].topk(n, -1)
+    assert out["teacher_ids"].shape == out["teacher_p"].shape == (*ids.shape, n)
+    assert torch.equal(out["teacher_ids"][:, 1:], top.indices)
+    torch.testing.assert_close(out["teacher_p"][:, 1:], top.values.softmax(-1), rtol=1e-5, atol=1e-6)
+    assert torch.equal(out["teacher_ids"][:, 0, 0], ids[:, 0]) and bool((out["teacher_p"][:, 0, 0] == 1).all())
+    assert torch.equal(out["labels"][:, 1:], out["teacher_ids"][:, 1:, 0])
+    plain = TargetFeatures(model, list(tiny.TAPS), torch.device("cpu"))(ids)
+    assert torch.equal(out["labels"], plain["labels"]) and torch.equal(out["hidden"], plain["hidden"])
+    assert "teacher_ids" not in plain
+    corpus_labels = TargetFeatures(model, list(tiny.TAPS), torch.device("cpu"), labels="corpus", teacher=n)(ids)
+    assert torch.equal(corpus_labels["labels"], ids) and torch.equal(corpus_labels["teacher_ids"], out["teacher_ids"])
+    for bad in (-1, 1.5, True, model.config.vocab_size + 1):
+        with pytest.raises(ValueError, match="teacher: expected a number of tokens"):
+            TargetFeatures(model, list(tiny.TAPS), torch.device("cpu"), teacher=bad)
+
+
+def test_distillation_with_a_sure_teacher_is_the_argmax_loss(target, cache, tmp_path):
+    """distill=1 (the target's top-1 with probability 1) trains exactly as CE on the argmax labels does; distill
+    refuses a feature cache or a target without the teacher, and the modes that train no DFlash loss."""
+    tok, model = target
+    dcfg = recipe.drafter_config(model, tok, layers=1, target_layer_ids=list(tiny.TAPS), block_size=8)
+    w = model.get_input_embeddings().weight.detach()
+    tokens = TokenCorpus(pairs_of(cache))
+    cfg = TrainConfig(mode="drafter", steps=3, anchors=8, lr=3e-3, warmup=0.0, save_every=1000, log_every=1000,
+                      save_dtype="float32")
+    runs = {}
+    for distill in (None, 1):
+        feats = TargetFeatures(model, list(tiny.TAPS), torch.device("cpu"), teacher=distill or 0)
+        runs[distill] = train(TrainConfig(**{**cfg.__dict__, "distill": distill, "out": str(tmp_path / str(distill))}),
+                              tokens, w, w, dcfg, progress=False, target=feats).history
+    for a, b in zip(runs[None], runs[1]):
+        assert a["dflash"] == pytest.approx(b["dflash"], rel=1e-5)
+    five = TrainConfig(**{**cfg.__dict__, "distill": 5, "out": str(tmp_path / "five")})
+    teacher5 = TargetFeatures(model, list(tiny.TAPS), torch.device("cpu"), teacher=5)
+    for extra in ({"loss_vocab": 64}, {"mode": "joint", "num_candidates": 8, "width": 16, "mlp_hidden": 32}):
+        run = TrainConfig(**{**five.__dict__, **extra, "steps": 8, "out": str(tmp_path / f"extra{len(extra)}")})
+        hist = train(run, tokens, w, w, dcfg, progress=False, target=teacher5).history
+        assert hist[-1]["dflash"] < hist[0]["dflash"]
+    with pytest.raises(ValueError, match="distill: 5 needs online features"):
+        train(five, tokens, w, w, dcfg, progress=False, target=TargetFeatures(model, list(tiny.TAPS),
+                                                                             torch.device("cpu")))
+    with pytest.raises(ValueError, match="distill: 5 needs online features"):
+        train(five, cache, w, w, dcfg, progress=False)
+    with pytest.raises(ValueError, match="distill: changes the DFlash loss"):
+        TrainConfig(mode="corrector", distill=4)
+    with pytest.raises(ValueError, match="distill: changes the DFlash loss"):
+        TrainConfig(mode="joint", method="domino", distill=4)
+
+
 def test_online_training_learns_and_checks_its_inputs(target, cache):
     tok, model = target
     dcfg = recipe.drafter_config(model, tok, layers=1, target_layer_ids=list(tiny.TAPS), block_size=8)
@@ -154,6 +213,8 @@ def test_recipe_online_from_prompts_generates_what_the_cache_does(target_dir, ca
         recipe.run(cfg, **{**kw, "features": "cache", "shard_target": True})
     with pytest.raises(ValueError, match="features: expected one of"):
         recipe.run(cfg, **{**kw, "features": "disk"})
+    with pytest.raises(ValueError, match="distill: the target's distribution comes from online features"):
+        recipe.run(TrainConfig(**{**cfg.__dict__, "distill": 4}), **{**kw, "features": "cache"})
 
 
 @pytest.mark.slow

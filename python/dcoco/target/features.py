@@ -57,13 +57,19 @@ class TargetFeatures:
     own greedy answers (`dcoco data generate`) is its argmax at every supervised (response) position, and stops the
     unsharded forward after the last tap: on SmolLM2 (taps up to 27 of 30) that skips 2 layers, the final norm
     and the 49,152-row head (bench/results/online-features/README.md measures both). Prompt positions then hold
-    the prompt's own tokens, which no loss reads (anchors and their slots lie in the response)."""
+    the prompt's own tokens, which no loss reads (anchors and their slots lie in the response).
+    teacher: also the target's next-token distribution over its top `teacher` tokens, renormalised (the softmax of
+    those logits), for the distillation loss: teacher_ids / teacher_p (N,S,teacher), position t after tokens < t
+    as labels are (position 0: ids[:, 0] with probability 1). The forward then runs to the head whatever labels is."""
 
     def __init__(self, model, layer_ids: Sequence[int], device: torch.device, shard: bool = False,
-                 labels: str = "argmax"):
+                 labels: str = "argmax", teacher: int = 0):
         if labels not in LABELS:
             raise ValueError(f"labels: expected one of {LABELS}, got {labels!r}")
-        self.labels = labels
+        vocab = model.get_output_embeddings().weight.shape[0]
+        if isinstance(teacher, bool) or not isinstance(teacher, int) or not 0 <= teacher <= vocab:
+            raise ValueError(f"teacher: expected a number of tokens in [0, {vocab}], got {teacher!r}")
+        self.labels, self.teacher = labels, teacher
         self.decoder = model.get_decoder()
         layers = self.decoder.layers
         if not layer_ids or max(layer_ids) >= len(layers) - 1 or min(layer_ids) < 0:
@@ -87,7 +93,8 @@ class TargetFeatures:
         self.device = device
         self._taps: dict[int, torch.Tensor] = {}
         # a sharded forward runs to the end: every rank must join every layer's all-gather
-        self._stop_after = max(self.layer_ids) if labels == "corpus" and not self.sharded else None
+        self._stop_after = (max(self.layer_ids) if labels == "corpus" and not teacher and not self.sharded
+                            else None)
         self._layers = layers
 
     def _tap(self, i: int, out) -> None:
@@ -110,15 +117,27 @@ class TargetFeatures:
             for h in hooks:
                 h.remove()
         hidden = torch.cat([self._taps.pop(i) for i in self.layer_ids], -1)
-        if self.labels == "corpus":
+        if out is None or (self.labels == "corpus" and not self.teacher):  # nothing read past the taps
             return {"hidden": hidden, "labels": ids}
-        assert out is not None  # only the corpus labels' hook stops the forward
         last = out.last_hidden_state  # (N,S,d), normed
         x = last[:, :-1].reshape(-1, last.shape[-1])
-        step = chunk_rows(self.head.shape[0])
-        arg = torch.cat([(x[i:i + step] @ self.head.T).argmax(-1) for i in range(0, len(x), step)])
-        labels = torch.cat([ids[:, :1], arg.view(ids.shape[0], -1)], 1)
-        return {"hidden": hidden, "labels": labels}
+        step, arg, top = chunk_rows(self.head.shape[0]), [], []
+        for i in range(0, len(x), step):
+            logits = x[i:i + step] @ self.head.T
+            arg.append(logits.argmax(-1))
+            if self.teacher:
+                top.append(logits.float().topk(self.teacher, -1))
+        N, first = ids.shape[0], ids[:, :1]
+        feats = {"hidden": hidden, "labels": ids if self.labels == "corpus" else
+                 torch.cat([first, torch.cat(arg).view(N, -1)], 1)}
+        if self.teacher:
+            n = self.teacher
+            p0 = torch.zeros(N, 1, n, device=ids.device)
+            p0[..., 0] = 1
+            vals, idx = (torch.cat(t).view(N, -1, n) for t in zip(*top))
+            feats["teacher_ids"] = torch.cat([first[..., None].expand(N, 1, n), idx], 1)
+            feats["teacher_p"] = torch.cat([p0, vals.softmax(-1)], 1)
+        return feats
 
     def idle(self) -> None:
         """Join the sharded forward's collectives without data (a rank with no batch while others run one)."""

@@ -66,6 +66,10 @@ class TrainConfig:
                                                  "response tokens plus each batch's labels instead of the whole "
                                                  "vocabulary (a cheaper step; default: all of it)", stage=True,
                         resume=True)
+    distill: int | None = _field(None, OPTIM, "the DFlash loss as distillation: cross-entropy against the target's "
+                                              "next-token distribution over its top N tokens (renormalised) instead "
+                                              "of its argmax alone; needs online features, whose target pass then "
+                                              "runs to its head (default: the argmax)", stage=True, resume=True)
     grad_checkpoint: bool = _field(False, MEMORY, "recompute the drafter layers' activations in backward: less "
                                                   "memory, about 1/3 more compute")
     save_dtype: str = _field("bfloat16", MEMORY, "the serving checkpoint's dtype; train_state.pt keeps float32 "
@@ -89,7 +93,7 @@ class TrainConfig:
         for f in ("epochs", "seqs_per_step", "grad_accum", "num_candidates", "width", "mlp_hidden", "save_every",
                   "log_every"):
             _positive_int(f, getattr(self, f))
-        for f in ("steps", "stop_at", "anchors", "logit_chunk", "eval_every", "loss_vocab"):
+        for f in ("steps", "stop_at", "anchors", "logit_chunk", "eval_every", "loss_vocab", "distill"):
             if getattr(self, f) is not None:
                 _positive_int(f, getattr(self, f))
         if isinstance(self.eval_sequences, bool) or not isinstance(self.eval_sequences, int) or self.eval_sequences < 0:
@@ -104,6 +108,9 @@ class TrainConfig:
         if self.loss_vocab is not None and self.mode != "drafter":
             raise ValueError(f"loss_vocab: a shortlisted DFlash loss is for mode 'drafter' (the corrector needs the "
                              f"full head's top-K), got mode {self.mode!r}")
+        if self.distill is not None and (self.mode == "corrector" or self.method != "dcoco"):
+            raise ValueError(f"distill: changes the DFlash loss, which mode {self.mode!r} with method "
+                             f"{self.method!r} does not train (use mode 'drafter' or 'joint' with method 'dcoco')")
         for f in ("resume", "overwrite"):
             if not isinstance(getattr(self, f), bool):
                 raise ValueError(f"{f}: expected True or False, got {getattr(self, f)!r}")

@@ -48,6 +48,11 @@ class Objective(nn.Module):
         pos = anchors[..., None] + torch.arange(1, bs, device=ids.device)                # (N,A,B) slot positions
         at = pos.clamp(max=S - 1).view(N, -1)
         target = labels.gather(1, at).view(N * A, bs - 1)
+        teacher = None
+        if cfg.distill is not None:  # the target's distribution at each slot (distillation)
+            ids_p = [batch[k].gather(1, at[..., None].expand(-1, -1, cfg.distill)).view(N * A, bs - 1, -1)
+                     for k in ("teacher_ids", "teacher_p")]
+            teacher = (ids_p[0], ids_p[1])
         real = batch["anchor_ok"].reshape(-1)
         valid = ((pos < S) & batch["response"].gather(1, at).view(N, A, -1)).view(N * A, -1) & real[:, None]
         if isinstance(self.corrector, (DominoHead, DSparkHead)):
@@ -61,9 +66,10 @@ class Objective(nn.Module):
             ce: torch.Tensor | None
             if shortlisted:
                 assert self.vocab is not None and ce_labels is not None  # grad on: mode is not "corrector"
-                ce, values, cand_ids = shortlist_ce(h, head, ce_labels, self.vocab, cfg.num_candidates)
-            else:
-                ce, values, cand_ids = topk_ce(h, head, ce_labels, cfg.num_candidates, cfg.logit_chunk)  # row chunks
+                ce, values, cand_ids = shortlist_ce(h, head, ce_labels, self.vocab, cfg.num_candidates, teacher)
+            else:  # row chunks
+                ce, values, cand_ids = topk_ce(h, head, ce_labels, cfg.num_candidates, cfg.logit_chunk,
+                                               teacher if ce_labels is not None else None)
         zero = torch.zeros((), device=ids.device)
         out = {"dflash": decayed_mean(ce, valid, cfg.gamma) if ce is not None else zero, "corr": zero}
         # a shortlist's top-1 is over its rows plus the batch's own labels: optimistic, and not the drafter's argmax,

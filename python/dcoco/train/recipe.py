@@ -95,6 +95,9 @@ def run(cfg: TrainConfig, target: str = SMOLLM2, prompts: str | None = None, dat
     if labels != "argmax" and (not online or data is None):
         raise ValueError(f"labels: {labels!r} is for online features on --data from the target's own greedy answers "
                          f"(features='online' and data)")
+    if cfg.distill is not None and not online:
+        raise ValueError("distill: the target's distribution comes from online features (features='online', "
+                         "--features online)")
     if shard_target and data is None:
         raise ValueError("shard_target: needs data (--data, from `dcoco data generate`): generating answers here "
                          "runs the whole target on each rank")
@@ -125,7 +128,7 @@ def run(cfg: TrainConfig, target: str = SMOLLM2, prompts: str | None = None, dat
         embed, head = (m.weight.detach() for m in (model.get_input_embeddings(), model.get_output_embeddings()))
         if shard_target:  # copies, taken before sharding replaces the target's weights with shards
             embed, head = embed.clone(), head.clone()
-        feats = TargetFeatures(model, dcfg.target_layer_ids, dev, shard_target, labels)
+        feats = TargetFeatures(model, dcfg.target_layer_ids, dev, shard_target, labels, cfg.distill or 0)
         return train(cfg, token_corpus, embed, head, drafter, corrector, progress=progress, target=feats)
     for turn in (0, 1):  # rank 0 builds while the others wait, then they read its cache
         if (rank == 0) == (turn == 0):

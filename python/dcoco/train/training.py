@@ -167,6 +167,10 @@ def _check_inputs(cfg, corpus, drafter, target) -> None:
                         f"got {type(corpus).__name__}")
     if (target is None) != isinstance(corpus, Corpus):
         raise ValueError("target: a TokenCorpus needs the target (online features), a feature cache must not have it")
+    if cfg.distill is not None and (target is None or target.teacher != cfg.distill):
+        raise ValueError(f"distill: {cfg.distill} needs online features whose target gives its top-{cfg.distill} "
+                         f"distribution (TargetFeatures(..., teacher={cfg.distill})), got "
+                         f"{'a feature cache' if target is None else f'teacher={target.teacher}'}")
     if cfg.mode == "corrector" and not isinstance(drafter, DFlashDrafter):
         raise ValueError("drafter: corrector mode trains on a frozen, trained drafter; pass a DFlashDrafter")
 
