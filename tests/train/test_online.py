@@ -217,6 +217,31 @@ def test_recipe_online_from_prompts_generates_what_the_cache_does(target_dir, ca
         recipe.run(TrainConfig(**{**cfg.__dict__, "distill": 4}), **{**kw, "features": "cache"})
 
 
+def test_data_samples_trains_on_nested_subsets(target_dir, data_dir, cache, tmp_path):
+    """--data-samples N keeps the first N of one fixed permutation, in the data's order: every smaller subset lies in
+    every larger one, whatever the run's seed; the run reads exactly those samples."""
+    pairs = pairs_of(cache)
+    small, large = recipe.subset_of(pairs, 3), recipe.subset_of(pairs, 7)
+    assert len(small) == 3 and len(large) == 7 and all(p in large for p in small)
+    assert [pairs.index(p) for p in large] == sorted(pairs.index(p) for p in large)
+    assert recipe.subset_of(pairs, len(pairs)) == pairs
+    args = tiny.train_args(target_dir, tmp_path / "c", tmp_path / "out", "--mode", "drafter", "--steps", "1",
+                           "--data", str(data_dir), "--data-samples", "7", "--features", "online", "--seed", "3")
+    cfg, kw = train_cmd.train_options(cli.parser().parse_args(args))
+    seen = []
+    real = recipe.TokenCorpus
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(recipe, "TokenCorpus", lambda got: seen.append(got) or real(got))
+        assert recipe.run(cfg, **kw).step == 1
+    assert seen == [large]
+    with pytest.raises(ValueError, match=f"data_samples: 99 asked of {data_dir}, which has {len(pairs)} samples"):
+        recipe.run(cfg, **{**kw, "data_samples": 99})
+    with pytest.raises(ValueError, match="data_samples: expected an integer >= 1 with data"):
+        recipe.run(cfg, **{**kw, "data_samples": 0})
+    with pytest.raises(ValueError, match="without data"):
+        recipe.run(cfg, **{**kw, "data": None})
+
+
 @pytest.mark.slow
 def test_torchrun_sharded_target_changes_nothing(target_dir, data_dir, tmp_path):
     """2 gloo ranks, joint mode, online features from a data folder, held-out evaluation with unequal shares: the

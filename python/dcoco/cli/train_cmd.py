@@ -30,6 +30,9 @@ def arguments(p: argparse.ArgumentParser) -> None:
     g.add_argument("--prompts", help="JSONL of {\"prompt\": ...} lines (default: the set shipped with dcoco)")
     g.add_argument("--data", help="`dcoco data generate`'s output folder: train on those samples (token ids) "
                                   "instead of generating answers here (--prompts is then unused)")
+    g.add_argument("--data-samples", type=int, help="train on N of --data's samples: the first N of one fixed "
+                                                    "permutation, so a smaller subset lies inside every larger one "
+                                                    "(default: all)")
     g.add_argument("--cache-dir", help="corpus cache (default: $DCOCO_CACHE/corpus or ~/.cache/dcoco/corpus)")
     g.add_argument("--max-prompt-tokens", type=int, default=300, help="longer prompts are dropped (%(default)s)")
     g.add_argument("--max-new-tokens", type=int, default=128, help="response length cap (%(default)s)")
@@ -277,7 +280,8 @@ def train_options(args: argparse.Namespace) -> tuple:
     from ..train.config import TrainConfig
 
     cfg = TrainConfig(**{f.name: getattr(args, _dest(f)) for f in _config_fields()})
-    kw = dict(target=args.target, prompts=args.prompts, data=args.data, cache=args.cache_dir, init=args.init,
+    kw = dict(target=args.target, prompts=args.prompts, data=args.data, data_samples=args.data_samples,
+              cache=args.cache_dir, init=args.init,
               layers=args.layers,
               target_layer_ids=args.target_layers, block_size=args.block_size, mask_token_id=args.mask_token_id,
               max_prompt_tokens=args.max_prompt_tokens, max_new_tokens=args.max_new_tokens,
