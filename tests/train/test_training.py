@@ -168,8 +168,40 @@ def test_shortlisted_loss_learns_and_evaluates_on_the_whole_head(target, corpus)
     # the drafter's tau_dflash
     out = obj(batch, embed, head)
     assert "tau_shortlist" in out and "tau_dflash" not in out and float(out["tau_shortlist"]) > 0
-    with pytest.raises(ValueError, match="loss_vocab"):
-        TrainConfig(mode="joint", loss_vocab=20)
+    with pytest.raises(ValueError, match="loss_vocab: shortlists the DFlash loss"):
+        TrainConfig(mode="corrector", loss_vocab=20)
+    with pytest.raises(ValueError, match="loss_vocab: shortlists the DFlash loss"):
+        TrainConfig(mode="joint", method="dspark", loss_vocab=20)
+
+
+def test_shortlisted_joint_loss_keeps_the_whole_heads_candidates(target, corpus):
+    """Joint mode with loss_vocab: the DFlash term is the shortlisted loss (drafter mode's), while the corrector
+    re-selects among the whole head's top-K as without a shortlist: the same L_corr, tau and corrector gradient,
+    and the drafter's gradient is the shortlisted loss's plus L_corr's."""
+    embed, head = frozen(target)
+    vocab = frequent_tokens(corpus, 20)
+    batch = Schedule(corpus, 0, 2, 8, 0, 1).batch(0)
+    outs, grads = {}, {}
+    for mode, short in (("joint", True), ("joint", False), ("drafter", True), ("drafter", False)):
+        torch.manual_seed(0)
+        drafter, corrector = DFlashDrafter(drafter_cfg(target)), Corrector(64, 32, 16, 32)
+        torch.nn.init.normal_(corrector.mlp[2].weight)  # a live corrector: L_corr reaches the drafter
+        obj = Objective(drafter, corrector if mode == "joint" else None,
+                        small(mode=mode, loss_vocab=20 if short else None), vocab if short else None)
+        out = outs[mode, short] = obj(batch, embed, head)
+        out["loss"].backward()
+        grads[mode, short] = ([p.grad for p in drafter.parameters()],
+                              [p.grad for p in corrector.parameters()] if mode == "joint" else None)
+    short, whole = outs["joint", True], outs["joint", False]
+    assert "tau_shortlist" not in short
+    for k in ("corr", "tau_dflash", "tau_dcoco"):
+        torch.testing.assert_close(short[k], whole[k], rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(short["dflash"], outs["drafter", True]["dflash"], rtol=0, atol=0)
+    for a, b in zip(grads["joint", True][1], grads["joint", False][1]):
+        torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-6)
+    for g, ds, jw, dw in zip(grads["joint", True][0], grads["drafter", True][0], grads["joint", False][0],
+                             grads["drafter", False][0]):
+        torch.testing.assert_close(g, ds + (jw - dw), rtol=1e-4, atol=1e-6)
 
 
 def test_fresh_corrector_keeps_the_drafter_argmax(target, corpus):

@@ -62,9 +62,10 @@ class TrainConfig:
     logit_chunk: int | None = _field(None, MEMORY, "rows per LM-head chunk for the loss and top-K (default: 256 MB "
                                                    "of float32 logits per chunk)")  # head.py
     # drafter mode: head.shortlist_ce
-    loss_vocab: int | None = _field(None, OPTIM, "drafter mode: the DFlash loss over the corpus's N most frequent "
-                                                 "response tokens plus each batch's labels instead of the whole "
-                                                 "vocabulary (a cheaper step; default: all of it)", stage=True,
+    loss_vocab: int | None = _field(None, OPTIM, "drafter and joint modes: the DFlash loss over the corpus's N most "
+                                                 "frequent response tokens plus each batch's labels instead of the "
+                                                 "whole vocabulary (a cheaper step; the corrector still re-selects "
+                                                 "among the whole head's top-K; default: all of it)", stage=True,
                         resume=True)
     distill: int | None = _field(None, OPTIM, "the DFlash loss as distillation: cross-entropy against the target's "
                                               "next-token distribution over its top N tokens (renormalised) instead "
@@ -105,9 +106,10 @@ class TrainConfig:
                              f"drafter alone (pick mode 'corrector' or 'joint', or method 'dcoco')")
         if self.method != "dcoco" and self.anchor_transition:
             raise ValueError(f"anchor_transition: DCOCO's corrector only, got method {self.method!r}")
-        if self.loss_vocab is not None and self.mode != "drafter":
-            raise ValueError(f"loss_vocab: a shortlisted DFlash loss is for mode 'drafter' (the corrector needs the "
-                             f"full head's top-K), got mode {self.mode!r}")
+        if self.loss_vocab is not None and (self.mode == "corrector" or self.method != "dcoco"):
+            raise ValueError(f"loss_vocab: shortlists the DFlash loss, which mode {self.mode!r} with method "
+                             f"{self.method!r} does not train on its own (use mode 'drafter' or 'joint' with method "
+                             f"'dcoco')")
         if self.distill is not None and (self.mode == "corrector" or self.method != "dcoco"):
             raise ValueError(f"distill: changes the DFlash loss, which mode {self.mode!r} with method "
                              f"{self.method!r} does not train (use mode 'drafter' or 'joint' with method 'dcoco')")
