@@ -120,8 +120,9 @@ def main() -> int:
         print(json.dumps(rows[-1]), flush=True)
     res = {"config": {"size": a.size, "command": " ".join(sys.argv), "torch_threads": torch.get_num_threads()},
            "points": rows, "seconds": time.monotonic() - t0}
-    (out / "scaling-curve.json").write_text(json.dumps(res, indent=1) + "\n")
-    plot(rows, out / "scaling-curve.png")
+    name = "scaling-curve" if a.size == "default" else f"scaling-curve-{a.size}"
+    (out / f"{name}.json").write_text(json.dumps(res, indent=1) + "\n")
+    plot(rows, out / f"{name}.png")
     for r in sorted(rows, key=lambda r: r["response_tokens"]):
         cells = [f"{m} {v['tau']:.3f} (x{v['ratio']:.3f} [{v['ratio_ci'][0]:.3f}, {v['ratio_ci'][1]:.3f}])"
                  if v.get("ratio_ci") else f"{m} {v['tau']:.3f} [{v['tau_ci'][0]:.3f}, {v['tau_ci'][1]:.3f}]"
