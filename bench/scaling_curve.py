@@ -91,6 +91,7 @@ def plot(points: list[dict], path: Path) -> None:
             ax.annotate(p["point"], (xi, p["methods"][methods[0]][key]), fontsize=7, textcoords="offset points",
                         xytext=(4, -10))
         ax.set_xscale("log")
+        ax.xaxis.set_minor_formatter(plt.NullFormatter())  # log minor labels collide across a decade or two
         ax.set_xlabel("response tokens trained on")
         ax.set_ylabel(label)
         ax.legend(fontsize=7)
