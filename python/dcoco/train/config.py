@@ -61,7 +61,7 @@ class TrainConfig:
                                                    "transition)", stage=True, resume=True)
     logit_chunk: int | None = _field(None, MEMORY, "rows per LM-head chunk for the loss and top-K (default: 256 MB "
                                                    "of float32 logits per chunk)")  # head.py
-    # drafter mode: head.shortlist_ce
+    # drafter and joint modes: head.shortlist_ce (joint: objective._whole_head_topk for the corrector)
     loss_vocab: int | None = _field(None, OPTIM, "drafter and joint modes: the DFlash loss over the corpus's N most "
                                                  "frequent response tokens plus each batch's labels instead of the "
                                                  "whole vocabulary (a cheaper step; the corrector still re-selects "
