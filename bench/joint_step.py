@@ -19,14 +19,12 @@ import torch
 from dcoco.corrector import Corrector
 from dcoco.modeling import checkpoint
 from dcoco.target.features import TargetFeatures, TokenCorpus
+from dcoco.target import smollm2
 from dcoco.target.load import SMOLLM2, load_target
 from dcoco.train import datagen
 from dcoco.train.batches import Schedule, frequent_tokens
 from dcoco.train.config import TrainConfig
 from dcoco.train.objective import Objective
-
-CORPUS = Path(__file__).resolve().parents[1] / "python" / "dcoco" / "data" / "smollm2-corpus"
-
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
@@ -38,7 +36,7 @@ def main() -> int:
     a = ap.parse_args()
     tok, model = load_target(SMOLLM2)
     embed, head = (m.weight.detach() for m in (model.get_input_embeddings(), model.get_output_embeddings()))
-    data = TokenCorpus(datagen.load(CORPUS, embed.shape[0]))
+    data = TokenCorpus(datagen.load(smollm2.corpus_dir(), embed.shape[0]))
     drafter = checkpoint.load(a.drafter)[0].float()
     feats = TargetFeatures(model, drafter.config.target_layer_ids, torch.device("cpu"), labels="corpus")
     sched = Schedule(data, 0, 2, 128, 0, 1)

@@ -38,8 +38,6 @@ from dcoco.train.recipe import SMOLLM2_TAPS, cache_dir, drafter_config
 from dcoco.specdec.engine import Engine
 from dcoco.train.training import TrainConfig, train
 
-SCALE_CORPUS = Path(__file__).resolve().parents[1] / "python" / "dcoco" / "data" / "smollm2-corpus"
-
 
 @dataclasses.dataclass(frozen=True)
 class Lever:
@@ -108,7 +106,7 @@ def main() -> None:
         is built once per (taps, sequences), outside the budget; online features are inside it, as in training."""
         if args.scale:
             if "scale" not in corpora:
-                corpora["scale"] = TokenCorpus(datagen.load(SCALE_CORPUS, embed.shape[0]))
+                corpora["scale"] = TokenCorpus(datagen.load(smollm2.corpus_dir(), embed.shape[0]))
             return corpora["scale"], TargetFeatures(model, list(lv.taps), torch.device("cpu"), labels="corpus",
                                                     teacher=lv.distill or 0)
         if (lv.taps, lv.sequences) not in corpora:

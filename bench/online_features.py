@@ -16,11 +16,11 @@ import argparse
 import json
 import random
 import time
-from importlib import resources
 from pathlib import Path
 
 import torch
 
+from dcoco.target import smollm2
 from dcoco.target.load import SMOLLM2, load_target
 from dcoco.train import shards
 from dcoco.train.batches import collate
@@ -34,7 +34,7 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=2)
     ap.add_argument("--out", default="bench/results/online-features/online-features.json")
     args = ap.parse_args()
-    pairs = shards.load(str(resources.files("dcoco") / "data" / "smollm2-corpus"))
+    pairs = shards.load(str(smollm2.corpus_dir()))
     random.Random(0).shuffle(pairs)
     corpus = TokenCorpus(pairs[:args.sequences])
     batches = [collate([corpus[i], corpus[i + 1]], [torch.tensor([0])] * 2) for i in range(0, len(corpus) - 1, 2)]

@@ -4,16 +4,16 @@ below 32 of every suite), and its shards match their manifest."""
 from __future__ import annotations
 
 import json
-from importlib import resources
 from pathlib import Path
 
 import pytest
 
 from dcoco.suites import default_suites
+from dcoco.target import smollm2
 from dcoco.train import prompts, shards
 
 PROMPTS = Path(__file__).resolve().parents[2] / "data" / "smollm2-prompts" / "prompts.jsonl"
-CORPUS = Path(str(resources.files("dcoco") / "data" / "smollm2-corpus"))
+CORPUS = smollm2.corpus_dir()
 
 
 def test_training_prompts_are_disjoint_from_the_evaluated_rows():

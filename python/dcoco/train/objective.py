@@ -11,7 +11,7 @@ from ..corrector import Corrector
 from ..modeling.dflash import DFlashDrafter, decayed_mean
 from ..modeling.domino import DominoHead, curriculum
 from ..modeling.dspark import DSparkHead
-from ..modeling.head import shortlist_ce, topk_ce
+from ..modeling.head import shortlist_ce, topk_ce, whole_head_topk
 from ..loss import correction_loss
 from ..ops.select import select
 from .config import TrainConfig
@@ -68,11 +68,10 @@ class Objective(nn.Module):
                 assert self.vocab is not None and ce_labels is not None  # grad on: mode is not "corrector"
                 ce, values, cand_ids = shortlist_ce(h, head, ce_labels, self.vocab, cfg.num_candidates, teacher)
                 if self.corrector is not None:  # joint: the corrector re-selects among the whole head's top-K
-                    values, cand_ids = _whole_head_topk(h, head, cfg.num_candidates, cfg.logit_chunk)
+                    values, cand_ids = whole_head_topk(h, head, cfg.num_candidates, cfg.logit_chunk)
                     shortlisted = False  # cand_ids[..., 0] is the drafter's argmax again: tau_dflash
             else:  # row chunks
-                ce, values, cand_ids = topk_ce(h, head, ce_labels, cfg.num_candidates, cfg.logit_chunk,
-                                               teacher if ce_labels is not None else None)
+                ce, values, cand_ids = topk_ce(h, head, ce_labels, cfg.num_candidates, cfg.logit_chunk, teacher)
         zero = torch.zeros((), device=ids.device)
         out = {"dflash": decayed_mean(ce, valid, cfg.gamma) if ce is not None else zero, "corr": zero}
         # a shortlist's top-1 is over its rows plus the batch's own labels: optimistic, and not the drafter's argmax,
@@ -119,19 +118,6 @@ class Objective(nn.Module):
         return {"dflash": decayed_mean(ce, valid, cfg.gamma), "corr": loss, "loss": loss, "blocks": real.sum(),
                 "tau_dflash": _tau(U.detach().argmax(-1), target, valid, real),
                 "tau_head": _tau(picks, target, valid, real)}
-
-
-def _whole_head_topk(h: torch.Tensor, head: torch.Tensor, k: int, rows: int | None
-                     ) -> tuple[torch.Tensor, torch.Tensor]:
-    """(values, ids) (...,k): the top-k of h's logits over the whole head, the ids found without gradients (one
-    forward matmul, no (rows, V) tensor kept for backward) and the values recomputed from those k rows with
-    gradients into h: what topk_ce returns, at the cost of k rows per slot in backward."""
-    with torch.no_grad():
-        ids = topk_ce(h.detach(), head, None, k, rows)[2]
-    rows_w = head[ids]  # (...,k,d)
-    if not torch.is_autocast_enabled(h.device.type):
-        rows_w = rows_w.to(h.dtype)
-    return (rows_w @ h.unsqueeze(-1)).squeeze(-1), ids
 
 
 def _scale_grad(x: torch.Tensor, w: float) -> torch.Tensor:
