@@ -1,5 +1,5 @@
 """The gain vs drafter strength, and one lever for a stronger drafter per CPU-minute, measured side by side in one
-run on the demo's default setting (SmolLM2-135M target, the default demo corpus of 400 sequences, 3 layers,
+run on the small demo's setting (SmolLM2-135M target, its corpus of 400 sequences, 3 layers,
 block 8).
 
 Every drafter trains from the same seed (DFlash loss, 2 sequences x 32 anchors per step); on each frozen drafter's
@@ -9,7 +9,7 @@ bootstrap CIs: tau of each drafter, and tau(corrected) / tau(its drafter) for bo
 
     .venv/bin/python bench/drafter_study.py --out bench/results/drafter-study
 
-Drafters: "random" at a quarter, half and all of the budget (the demo's default 320 DFlash steps), and
+Drafters: "random" at a quarter, half and all of the budget (the small demo's 320 DFlash steps), and
 "target-init" (layers and final norm copied from the target's last layers, DFlashDrafter.init_from_target) at the
 full budget: the same steps, so the same CPU time."""
 
@@ -56,7 +56,7 @@ def main() -> None:
     ap.add_argument("--tokens", type=int, default=64, help="max new tokens per evaluated prompt")
     ap.add_argument("--out", default="bench/results/drafter-study")
     args = ap.parse_args()
-    size = demo.SIZES["default"]
+    size = demo.SIZES["small"]
     tok, model = load_target(SMOLLM2)
     data = demo.build_corpus(model, size, progress=True)
     embed, head = model.get_input_embeddings().weight.detach(), model.get_output_embeddings().weight.detach()

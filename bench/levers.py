@@ -6,7 +6,7 @@ lever gets a whole schedule for about the same CPU time. All drafters are evalua
 (simulate.py) on the demo's evaluation prompts, with tau over the baseline's and paired 95% bootstrap CIs.
 
 Two settings:
-- the demo's default (SmolLM2-135M target, the first 400 shipped sequences, cached features, 2 sequences x 32
+- the small demo's setting (SmolLM2-135M target, the first 400 shipped sequences, cached features, 2 sequences x 32
   anchors per step): `.venv/bin/python bench/levers.py --budget 480 --out bench/results/levers`;
 - `--scale`: the committed corpus (python/dcoco/data/smollm2-corpus) with online features, as
   recipes/smollm2-scale.toml trains (2 sequences x 128 anchors, the 4,096-token loss, labels from the corpus), its
@@ -96,7 +96,7 @@ def main() -> None:
     ap.add_argument("--only", nargs="*", help="lever names to run (default: all); the baseline always runs")
     ap.add_argument("--out", default="bench/results/levers")
     args = ap.parse_args()
-    size = demo.SIZES["default"]
+    size = demo.SIZES["small"]
     tok, model = load_target(SMOLLM2)
     embed, head = model.get_input_embeddings().weight.detach(), model.get_output_embeddings().weight.detach()
     corpora: dict = {}

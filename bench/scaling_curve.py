@@ -121,7 +121,7 @@ def main() -> int:
         print(json.dumps(rows[-1]), flush=True)
     res = {"config": {"size": a.size, "command": " ".join(sys.argv), "torch_threads": torch.get_num_threads()},
            "points": rows, "seconds": time.monotonic() - t0}
-    name = "scaling-curve" if a.size == "default" else f"scaling-curve-{a.size}"
+    name = "scaling-curve" if a.size == "small" else f"scaling-curve-{a.size}"
     (out / f"{name}.json").write_text(json.dumps(res, indent=1) + "\n")
     plot(rows, out / f"{name}.png")
     for r in sorted(rows, key=lambda r: r["response_tokens"]):

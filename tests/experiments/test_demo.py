@@ -29,6 +29,8 @@ def test_demo_smoke_trains_evaluates_and_caches(tmp_path, monkeypatch):
     lo, hi = h["tau_ratio_ci"]  # paired bootstrap over the simulated prompts
     assert lo <= h["tau_ratio_dcoco_over_dflash"] <= hi and h["simulated_prompts"] == 2 * demo.SIZES["smoke"].sim_rows
     assert h["tau_dflash2"] >= 1 and h["coverage_seen"][0] >= h["coverage_seen"][-1] > 0
+    assert h["corpus_tokens"] == res["config"]["corpus_response_tokens"] and h["converged"] is None  # not checked
+    assert h["slot1_top1"] == h["coverage"]["1"][0] and h["tau_dflash_budget_control"] >= 1
     for suffix in ("tau", "coverage", "training"):
         assert (tmp_path / "out" / f"demo-smollm2-smoke-{suffix}.png").stat().st_size > 0
     work = tmp_path / "cache" / "demo-smoke"
@@ -43,7 +45,7 @@ def test_demo_smoke_trains_evaluates_and_caches(tmp_path, monkeypatch):
     assert h["dcoco"] == ("DCOCO joint greedy" if demo.HEADLINE == "joint" else demo.FROZEN)
     for ratio, ci in (("frozen_over_dflash", "frozen_ci"), ("joint_over_dflash", "joint_ci"),
                       ("joint_over_frozen", "joint_over_frozen_ci"), ("joint_over_online", "joint_over_online_ci"),
-                      ("joint_over_dflash_continued", "joint_over_dflash_continued_ci"),
+                      ("joint_over_budget_control", "joint_over_budget_control_ci"),
                       ("anchor_over_dflash", "anchor_ci"),
                       ("anchor_over_dflash2", "anchor_over_dflash2_ci"),
                       ("anchor_over_frozen", "anchor_over_frozen_ci"),
@@ -67,7 +69,7 @@ def test_demo_smoke_trains_evaluates_and_caches(tmp_path, monkeypatch):
         assert h[f"tau_{method}_recipe"] >= 1
     assert {demo.DOMINO_RECIPE, demo.DSPARK_RECIPE} <= set(res["costs"])
     assert set(res["co_adaptation"]) == {"frozen drafter (dflash-long)", "joint drafter (dcoco-drafter)",
-                                         "online control's drafter (online)"}
+                                         "budget control's drafter (online)"}
     assert all(len(r["top1_per_slot"]) == demo.BLOCK - 1 for r in res["co_adaptation"].values())
     assert "tau_shortlist" in json.loads((work / "dflash" / "log.jsonl").read_text().splitlines()[0])
     assert {v["mode"] for v in res["training"].values()} == {"drafter", "joint", "frozen drafter, cached outputs"}

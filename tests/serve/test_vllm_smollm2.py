@@ -1,5 +1,5 @@
 """A trained DCOCO drafter on SmolLM2-135M served by real vLLM through the plugin: the cached `dcoco demo` drafter
-(--full, else the default size), else the one shipped in tests/data (so CI runs all of it). DCOCO's mean acceptance
+(--full, else --small), else the one shipped in tests/data (so CI runs all of it). DCOCO's mean acceptance
 length above the same drafter with the corrector off; vLLM's
 per-position acceptance equal to dcoco.specdec.engine's offline figures (train/serve agreement); `vllm serve` under 32
 concurrent requests with 0 failures, and `dcoco data generate` against that server. Runs in .venv-vllm
@@ -31,10 +31,10 @@ from dcoco.testing.vllm_server import VLLMServer
 from helpers.tiny_vllm import spec_counters
 
 
-SHIPPED = Path(__file__).parents[1] / "data" / "smollm2-dcoco"  # a default-size demo drafter (its README)
+SHIPPED = Path(__file__).parents[1] / "data" / "smollm2-dcoco"  # a small-size demo drafter (its README)
 
 
-def demo_drafter(sizes=("full", "default")) -> Path:
+def demo_drafter(sizes=("full", "small")) -> Path:
     """The first finished demo DCOCO drafter in the cache among sizes, else the shipped one."""
     for size in sizes:
         d = demo.workdir(size) / "dcoco-drafter"

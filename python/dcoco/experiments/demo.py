@@ -1,5 +1,5 @@
-"""`dcoco demo`: the paper's experiment at small scale on the embedded SmolLM2-135M-Instruct target, offline,
-CPU or GPU.
+"""`dcoco demo --small / --full / --smoke`: the paper's experiment rebuilt at small scale on the embedded
+SmolLM2-135M-Instruct target, offline, CPU or GPU (`dcoco demo` alone evaluates the shipped drafters: shipped.py).
 
 1. corpus: the target's own greedy responses shipped as token ids (data/smollm2-corpus.npz, made by
    scripts/make_demo_corpus.py); one teacher-forced target pass computes features and labels here.
@@ -26,8 +26,8 @@ With a given drafter (run's drafter, `dcoco demo --drafter`), that checkpoint re
 rest is built on it.
 
 Every stage is cached under $DCOCO_CACHE (~/.cache/dcoco): the corpus under corpus/, the trained checkpoints
-(serving layout) under demo/ (demo-full/, demo-smoke/ for the other sizes); an interrupted run resumes and a
-second run only evaluates. The JSON's headline keys, the printed table and the plots: report.py."""
+(serving layout) under demo-SIZE/; an interrupted run resumes and a second run only evaluates. The JSON's headline
+keys, the printed table and the plots: report.py."""
 
 from __future__ import annotations
 
@@ -61,9 +61,9 @@ from ..specdec.evaluate import decode_all, encode
 from ..specdec.engine import Engine, summarize
 from ..specdec.stats import tau_table
 from ..train.training import TrainConfig, train
-from . import report
-from .report import ANCHOR, CONTINUED, DFLASH2, DOMINO, DOMINO_RECIPE, DSPARK, DSPARK_RECIPE, FROZEN, ONLINE
-
+from . import release, report
+from .report import ANCHOR, BUDGET_CONTROL, DFLASH2, DOMINO, DOMINO_RECIPE, DSPARK, DSPARK_RECIPE, FROZEN, JOINT_OFF
+from .report import ONLINE, RATIO_BASES
 from ..train.prompts import EVAL_ROWS_RESERVED  # the demo evaluates rows below it; training never sees them
 # training rows per suite of the shipped suites (data/suites; index >= EVAL_ROWS_RESERVED, shuffled with seed 0); aime25
 # (30 rows) is evaluation only, livecodebench prompts are mostly longer than the 300-token cap
@@ -73,7 +73,7 @@ CORPUS_FILE = "smollm2-corpus.npz"
 # the drafter's depth and block size; bench/results/levers/README.md measures other depths and blocks
 LAYERS, BLOCK = 3, 8
 # the frozen-drafter correctors (DCOCO's and DFlash2's selector): blocks cached per sequence, blocks per step (the
-# default and full sizes'), the selector's codebook rank
+# small and full sizes'), the selector's codebook rank
 FROZEN_ANCHORS, FROZEN_BATCH, SELECTOR_RANK = 64, 256, 32
 # the joint stage (step 4): L_corr's gradient weight into the drafter (1: the paper's sum) and its peak lr, half
 # the first stages' like the Qwen3-8B recipe's; bench/joint_study.py compares the choices
@@ -115,7 +115,7 @@ SIZES = {  # rows / max_new_tokens: real decoding (tokens/s, losslessness); sim_
     # every stage and every report with the least work per step: a pipeline check, not an experiment
     "smoke": Size(8, 3, 2, 2, 2, ("gsm8k", "mbpp"), 1, 12, ("greedy",), 3, 16, anchors=4, frozen_anchors=8,
                   frozen_batch=16, cost_repeats=5),
-    "default": Size(400, 400, 120, 150, 60, ("gsm8k", "math500", "humaneval", "mt-bench"), 2, 48, ("greedy",), 32,
+    "small": Size(400, 400, 120, 150, 60, ("gsm8k", "math500", "humaneval", "mt-bench"), 2, 48, ("greedy",), 32,
                     64),
     "full": Size(None, 2600, 800, 1200, 400, ALL_SUITES, 2, 64, ("greedy", "global", "geometric"), 32, 128),
 }
@@ -133,7 +133,7 @@ def training_prompts(suites_dir) -> list[str]:
 
 def workdir(size: str, given: tuple | None = None) -> Path:
     """The stages' folder: per size, and per drafter when one is given (given_drafter)."""
-    root = cache_dir() / ("demo" if size == "default" else f"demo-{size}")
+    root = cache_dir() / f"demo-{size}"
     return root if given is None else root / f"drafter-{given[2]['recipe']['drafter'][:12]}"
 
 
@@ -316,9 +316,9 @@ def methods(trained: dict, rules: tuple[str, ...]) -> dict[str, tuple]:
     d2, c2, _ = trained["online"]
     out = {"DFlash": (d0, None, "greedy"), FROZEN: (d0, c0, "greedy")}
     out.update({f"DCOCO joint {r}": (d1, c1, r) for r in rules})
-    out["DCOCO joint drafter, corrector off"] = (d1, None, "greedy")
+    out[JOINT_OFF] = (d1, None, "greedy")
     out[ONLINE] = (d2, c2, "greedy")
-    out[CONTINUED] = (d2, None, "greedy")
+    out[BUDGET_CONTROL] = (d2, None, "greedy")
     out[DFLASH2] = (d0, trained["dflash2"][1], "greedy")
     out[ANCHOR] = (d0, trained["anchor"][1], "greedy")
     out[DOMINO] = (d0, trained["domino"][1], "greedy")
@@ -376,8 +376,27 @@ def costs(engines: dict[str, Engine], repeats: int = 200) -> dict[str, dict]:
     return out
 
 
+def evaluate(model, methods: dict[str, tuple], prompts: dict[str, list], s: Size, device: str,
+             progress: bool) -> tuple[dict, dict, dict[str, Engine]]:
+    """(sim, ev, engines) for methods = {name: (drafter, corrector / selector / head or None, rule)}, DFlash first:
+    tau, its paired CIs (over DFlash, and over each of report.RATIO_BASES evaluated) and coverage from the exact
+    greedy simulation of s.sim_rows prompts per suite; tokens/s and the losslessness check from real decoding of
+    s.rows of them (evaluate_all)."""
+    engines = {name: Engine(model, d.to(device).eval(), None if c is None else c.to(device).eval(), rule=r)
+               for name, (d, c, r) in methods.items()}
+    t = time.monotonic()
+    refs = simulate.references(model, prompts, s.sim_tokens, next(iter(engines.values())).eos,
+                               cache_dir() / "references", progress)
+    per = simulate.simulate_all(engines, prompts, refs, s.sim_tokens, progress)
+    overall = {m: [r for rs in suites.values() for r in rs] for m, suites in per.items()}
+    sim = {"methods": simulate.report(per, "DFlash"), "max_new_tokens": s.sim_tokens,  # per suite too
+           "ratios": {base: tau_table(overall, base) for base in RATIO_BASES if base in per},  # overall
+           "seconds": time.monotonic() - t}
+    ev = evaluate_all(model, engines, {n: p[:s.rows] for n, p in prompts.items()}, s.max_new_tokens, progress)
+    return sim, ev, engines
 
-def run(size: str = "default", device: str = "cpu", out: str | Path | None = None, suites_dir=None,
+
+def run(size: str = "small", device: str = "cpu", out: str | Path | None = None, suites_dir=None,
         progress: bool = True, drafter: str | Path | None = None) -> dict:
     """Everything `dcoco demo` does; writes {out}/demo-smollm2{-size}.json and plots (out: the work folder).
     drafter: a DFlash checkpoint to build on and compare with instead of the demo's own DFlash stages
@@ -395,18 +414,7 @@ def run(size: str = "default", device: str = "cpu", out: str | Path | None = Non
     taps = tuple(SMOLLM2_TAPS) if given is None else tuple(given[0].config.target_layer_ids)
     data = build_corpus(model, s, progress, taps)
     trained = train_all(s, work, data, model, tok, device, progress, given)
-    engines = {name: Engine(model, d.to(device).eval(), None if c is None else c.to(device).eval(), rule=r)
-               for name, (d, c, r) in methods(trained, s.rules).items()}
-    t1 = time.monotonic()
-    refs = simulate.references(model, prompts, s.sim_tokens, next(iter(engines.values())).eos,
-                               cache_dir() / "references", progress)
-    per = simulate.simulate_all(engines, prompts, refs, s.sim_tokens, progress)
-    overall = {m: [r for rs in suites.values() for r in rs] for m, suites in per.items()}
-    sim = {"methods": simulate.report(per, "DFlash"), "max_new_tokens": s.sim_tokens,  # per suite too
-           "ratios": {base: tau_table(overall, base) for base in (FROZEN, ONLINE, CONTINUED, DFLASH2, DOMINO,
-                                                                  DSPARK, DOMINO_RECIPE, DSPARK_RECIPE)},  # overall
-           "seconds": time.monotonic() - t1}
-    ev = evaluate_all(model, engines, {n: p[:s.rows] for n, p in prompts.items()}, s.max_new_tokens, progress)
+    sim, ev, engines = evaluate(model, methods(trained, s.rules), prompts, s, device, progress)
     res: dict[str, Any]  # the JSON written below
     dcfg = trained["dflash-long"][0].config
     res = {"size": size, "config": {**dataclasses.asdict(s), "layers": dcfg.num_hidden_layers,
@@ -416,13 +424,19 @@ def run(size: str = "default", device: str = "cpu", out: str | Path | None = Non
                                         int(data.response.sum())},
            "training": {k: v[2] for k, v in trained.items()}, "sim": sim, "eval": ev,
            "costs": costs(engines, s.cost_repeats)}
-    res["headline"] = report.headline(ev, sim, s.rules, HEADLINE, JOINT_CORR_GRAD, JOINT_LR)
+    res["headline"] = report.headline(ev, sim, s.rules, HEADLINE, {"corr_grad": JOINT_CORR_GRAD, "lr": JOINT_LR},
+                                      release.provenance(given[2]["path"]) if given is not None else
+                                      {"corpus_tokens": int(data.response.sum()), "converged": None})
     res["co_adaptation"] = report.co_adaptation(sim, s.rules, res["training"])
     res["seconds"] = time.monotonic() - t0
-    dest = Path(out) if out else work
-    dest.mkdir(parents=True, exist_ok=True)
     prefix = "demo-smollm2" + ("" if size == "full" else f"-{size}") + ("" if given is None else
                                                                          f"-{Path(given[2]['path']).name}")
+    return write(res, Path(out) if out else work, prefix, work)
+
+
+def write(res: dict, dest: Path, prefix: str, work: Path) -> dict:
+    """res with "files" (dest/{prefix}.json and the plots, written) and "work" (the stages' folder) added."""
+    dest.mkdir(parents=True, exist_ok=True)
     (dest / f"{prefix}.json").write_text(json.dumps(res, indent=2) + "\n")
     res["files"] = [str(dest / f"{prefix}.json"), *map(str, report.plots(res, work, dest, prefix))]
     res["work"] = work

@@ -12,74 +12,87 @@ from ..specdec.evaluate import coverage_plot
 
 DFLASH2 = "DFlash + DFlash2 selector (frozen drafter)"
 FROZEN, ONLINE = "DCOCO, frozen drafter", "DCOCO online corrector (drafter not co-trained)"
-CONTINUED = "DFlash, trained on alone (the joint drafter's budget)"
+BUDGET_CONTROL = "DFlash, trained on alone (the joint drafter's budget)"
 ANCHOR = "DCOCO anchor-aware, frozen drafter (beyond the paper)"
 DOMINO, DSPARK = "DFlash + Domino head (frozen drafter)", "DFlash + DSpark Markov head (frozen drafter)"
 DOMINO_RECIPE = "Domino, its recipe (drafter co-trained)"
 DSPARK_RECIPE = "DSpark, its recipe (drafter co-trained)"
+JOINT_OFF = "DCOCO joint drafter, corrector off"
+# the bases of the paired ratios in the JSON's sim.ratios, where evaluated (every ratio over DFlash is in sim.methods)
+RATIO_BASES = (FROZEN, ONLINE, BUDGET_CONTROL, DFLASH2, DOMINO, DSPARK, DOMINO_RECIPE, DSPARK_RECIPE)
 
 
-def headline(ev: dict, sim: dict, rules: tuple[str, ...], dcoco: str, joint_corr_grad: float,
-             joint_lr: float) -> dict:
-    """The headline keys and their CIs. tau, ratios and coverage come from the simulated evaluation (sim, every
-    method on the same prompts; ratios with paired 95% bootstrap CIs, over DFlash and, in sim["ratios"], over the
-    frozen-drafter corrector and the equal-budget DFlash); tokens/s and the losslessness check from real decoding
-    (ev). tau_dcoco is the DCOCO named by dcoco (greedy rule): "joint", the joint stage's (co-adapted, trained at
-    joint_corr_grad and joint_lr), or "frozen", the frozen-drafter corrector; both are reported. The oracles are
-    the DFlash run's; coverage is teacher-forced at every anchor (coverage_seen: samples)."""
-    m, real, vs = sim["methods"], ev["methods"], sim["ratios"]
-    joint_name = f"DCOCO joint {rules[0]}"
-    dfl, joint = m["DFlash"]["overall"], m[joint_name]["overall"]
-    frozen, sel, online = m[FROZEN]["overall"], m[DFLASH2]["overall"], m[ONLINE]["overall"]
-    dco_name = joint_name if dcoco == "joint" else FROZEN
-    dco = m[dco_name]["overall"]
+def joint_name(rules: tuple[str, ...]) -> str:
+    return f"DCOCO joint {rules[0]}"
+
+
+def headline(ev: dict, sim: dict, rules: tuple[str, ...], dcoco: str, joint: dict | None,
+             provenance: dict) -> dict:
+    """The headline keys and their CIs, for the methods evaluated. tau, ratios and coverage come from the simulated
+    evaluation (sim, every method on the same prompts; ratios with paired 95% bootstrap CIs, over DFlash and, in
+    sim["ratios"], over the frozen-drafter corrector, the budget control and the baselines); tokens/s and the
+    losslessness check from real decoding (ev). tau_dcoco is the DCOCO named by dcoco: "joint", the joint stage's
+    (co-adapted; joint: its settings, corr_grad and lr), or "frozen", the frozen-drafter corrector (also when there
+    is no joint stage). The oracles are the DFlash run's; coverage is teacher-forced at every anchor (coverage_seen:
+    samples; slot1_top1: the drafter's top-1 at the first drafted slot). provenance: the drafter's corpus_tokens and
+    its convergence check (converged), None where unknown."""
+    m, real = sim["methods"], ev["methods"]
+    dfl, jn = m["DFlash"]["overall"], joint_name(rules)
+    dco_name = jn if dcoco == "joint" and jn in m else FROZEN if FROZEN in m else None
+    out = {"tau_target_only": 1.0, "tau_dflash": dfl["tau"], "tau_dflash_ci": dfl["tau_ci"], **provenance,
+           "slot1_top1": dfl["coverage_tf"][1][0], "tau_oracle_prefix_first": dfl["tau_oracle_prefix_first"],
+           "tau_oracle_walk": dfl["tau_oracle_walk"], "dcoco": dco_name}
+    if dco_name is not None:
+        out.update(_method_keys("dcoco", m[dco_name]["overall"], dfl, ratio_key="tau_ratio_ci"))
+    if FROZEN in m:
+        out.update(_method_keys("frozen", m[FROZEN]["overall"], dfl))
+    if jn in m:
+        out.update(_method_keys("joint", m[jn]["overall"], dfl), **{f"joint_{k}": v for k, v in (joint or {}).items()})
+        out.update(_over(sim, jn, "joint", ((FROZEN, "frozen"), (ONLINE, "online"),
+                                            (BUDGET_CONTROL, "budget_control"))))
+    if BUDGET_CONTROL in m:
+        out["tau_dflash_budget_control"] = m[BUDGET_CONTROL]["overall"]["tau"]
+    if ONLINE in m:
+        out["tau_dcoco_online"] = m[ONLINE]["overall"]["tau"]
+    if DFLASH2 in m:
+        out.update(_method_keys("dflash2", m[DFLASH2]["overall"], dfl))
+    if ANCHOR in m:
+        out.update(_method_keys("anchor", m[ANCHOR]["overall"], dfl),
+                   **_over(sim, ANCHOR, "anchor", ((DFLASH2, "dflash2"), (FROZEN, "frozen"))))
+    if DOMINO in m and DSPARK in m:
+        out.update(baseline_keys(m, sim["ratios"]))
+    if DOMINO_RECIPE in m and DSPARK_RECIPE in m and jn in m:
+        out.update(recipe_keys(m, sim["ratios"], jn))
     tps = {k: real[name]["overall"]["tokens_per_s"] for k, name in (
-        ("target_only", "target-only"), ("dflash", "DFlash"), ("dcoco", dco_name), ("dcoco_joint", joint_name),
-        ("dcoco_frozen", FROZEN), ("dflash2", DFLASH2))}
-    oracle = dfl["tau_oracle_prefix_first"]
-
-    def captured(t):
-        return (t - dfl["tau"]) / (oracle - dfl["tau"]) if oracle and oracle > dfl["tau"] else None
-
-    return {"tau_target_only": 1.0, "tau_dflash": dfl["tau"], "tau_dflash_ci": dfl["tau_ci"],
-            "dcoco": dco_name, "tau_dcoco": dco["tau"], "tau_dcoco_ci": dco["tau_ci"],
-            "tau_ratio_dcoco_over_dflash": dco["ratio"], "tau_ratio_ci": dco["ratio_ci"],
-            "tau_dcoco_frozen": frozen["tau"], "tau_dcoco_frozen_ci": frozen["tau_ci"],
-            "tau_ratio_frozen_over_dflash": frozen["ratio"], "tau_ratio_frozen_ci": frozen["ratio_ci"],
-            "tau_dcoco_joint": joint["tau"], "tau_dcoco_joint_ci": joint["tau_ci"], "joint_corr_grad": joint_corr_grad,
-            "joint_lr": joint_lr, "tau_ratio_joint_over_dflash": joint["ratio"],
-            "tau_ratio_joint_ci": joint["ratio_ci"],
-            "tau_ratio_joint_over_frozen": vs[FROZEN][joint_name]["ratio"],
-            "tau_ratio_joint_over_frozen_ci": vs[FROZEN][joint_name]["ratio_ci"],
-            "tau_dcoco_online": online["tau"], "tau_ratio_joint_over_online": vs[ONLINE][joint_name]["ratio"],
-            "tau_ratio_joint_over_online_ci": vs[ONLINE][joint_name]["ratio_ci"],
-            "tau_dflash_continued": m[CONTINUED]["overall"]["tau"],
-            "tau_ratio_joint_over_dflash_continued": vs[CONTINUED][joint_name]["ratio"],
-            "tau_ratio_joint_over_dflash_continued_ci": vs[CONTINUED][joint_name]["ratio_ci"],
-            "tau_oracle_prefix_first": oracle, "tau_oracle_walk": dfl["tau_oracle_walk"],
-            **{f"tps_{k}": v for k, v in tps.items()},
-            "tau_dflash2": sel["tau"], "tau_dflash2_ci": sel["tau_ci"], "tau_ratio_dflash2_over_dflash": sel["ratio"],
-            "tau_ratio_dflash2_ci": sel["ratio_ci"],
-            "headroom_captured_dcoco": captured(dco["tau"]), "headroom_captured_frozen": captured(frozen["tau"]),
-            "headroom_captured_joint": captured(joint["tau"]),
-            **anchor_keys(m, vs, real), **baseline_keys(m, vs), **recipe_keys(m, vs, joint_name),
-            "headroom_captured_walk": {name: walk_share(row["overall"]["tau"], dfl) for name, row in m.items()},
-            "speedup_dcoco_over_dflash": tps["dcoco"] / tps["dflash"], "coverage": dfl["coverage_tf"],
-            "coverage_seen": dfl["coverage_tf_seen"], "simulated_prompts": dfl["prompts"],
-            "simulated_rounds": dfl["rounds"], "lossless": ev["lossless"]}
+        ("target_only", "target-only"), ("dflash", "DFlash"), ("dcoco", dco_name), ("dcoco_joint", jn),
+        ("dcoco_frozen", FROZEN), ("dflash2", DFLASH2), ("dcoco_anchor", ANCHOR)) if name in real}
+    out.update({f"tps_{k}": v for k, v in tps.items()})
+    if "dcoco" in tps:
+        out["speedup_dcoco_over_dflash"] = tps["dcoco"] / tps["dflash"]
+    return {**out, "headroom_captured_walk": {name: walk_share(row["overall"]["tau"], dfl) for name, row in m.items()},
+            "coverage": dfl["coverage_tf"], "coverage_seen": dfl["coverage_tf_seen"],
+            "simulated_prompts": dfl["prompts"], "simulated_rounds": dfl["rounds"], "lossless": ev["lossless"]}
 
 
-def anchor_keys(m: dict, vs: dict, real: dict) -> dict:
-    """The anchor-aware corrector's keys: tau, its paired CIs over DFlash, DFlash2's selector and the paper's
-    frozen-drafter corrector (all four on the same frozen drafter), tokens/s."""
-    a = m[ANCHOR]["overall"]
-    return {"tau_dcoco_anchor": a["tau"], "tau_dcoco_anchor_ci": a["tau_ci"],
-            "tau_ratio_anchor_over_dflash": a["ratio"], "tau_ratio_anchor_ci": a["ratio_ci"],
-            "tau_ratio_anchor_over_dflash2": vs[DFLASH2][ANCHOR]["ratio"],
-            "tau_ratio_anchor_over_dflash2_ci": vs[DFLASH2][ANCHOR]["ratio_ci"],
-            "tau_ratio_anchor_over_frozen": vs[FROZEN][ANCHOR]["ratio"],
-            "tau_ratio_anchor_over_frozen_ci": vs[FROZEN][ANCHOR]["ratio_ci"],
-            "tps_dcoco_anchor": real[ANCHOR]["overall"]["tokens_per_s"]}
+def _method_keys(key: str, row: dict, dflash: dict, ratio_key: str | None = None) -> dict:
+    """tau_{key} with its CI, its ratio over DFlash with the paired CI, and its share of the prefix-first oracle's
+    headroom over DFlash."""
+    oracle = dflash["tau_oracle_prefix_first"]
+    name = "dcoco" if key == "dcoco" else f"dcoco_{key}" if key in ("frozen", "joint", "anchor") else key
+    return {f"tau_{name}": row["tau"], f"tau_{name}_ci": row["tau_ci"],
+            f"tau_ratio_{key}_over_dflash": row["ratio"], ratio_key or f"tau_ratio_{key}_ci": row["ratio_ci"],
+            f"headroom_captured_{key}": (row["tau"] - dflash["tau"]) / (oracle - dflash["tau"])
+            if oracle and oracle > dflash["tau"] else None}
+
+
+def _over(sim: dict, name: str, key: str, bases: tuple[tuple[str, str], ...]) -> dict:
+    """tau_ratio_{key}_over_{base} with its paired CI, for each base evaluated."""
+    vs, out = sim["ratios"], {}
+    for base, base_key in bases:
+        if base in vs:
+            out[f"tau_ratio_{key}_over_{base_key}"] = vs[base][name]["ratio"]
+            out[f"tau_ratio_{key}_over_{base_key}_ci"] = vs[base][name]["ratio_ci"]
+    return out
 
 
 def baseline_keys(m: dict, vs: dict) -> dict:
@@ -115,20 +128,20 @@ def walk_share(tau: float, dflash: dict) -> float | None:
 
 
 def co_adaptation(sim: dict, rules: tuple[str, ...], training: dict) -> dict:
-    """What co-training changed, the joint drafter beside the frozen one (and the online control's): per-slot
-    teacher-forced top-1 and top-16 coverage on the evaluation prompts, the corrector's transition hit rate, and
-    the final DFlash loss on the training batches."""
+    """What co-training changed, the joint drafter beside the frozen one and its budget control's, where evaluated:
+    per-slot teacher-forced top-1 and top-16 coverage on the evaluation prompts, the corrector's transition hit rate,
+    and the final DFlash loss on the training batches (training: {stage: info}, where recorded)."""
     m = sim["methods"]
     rows = {"frozen drafter (dflash-long)": ("DFlash", FROZEN, "dflash-long"),
-            "joint drafter (dcoco-drafter)": ("DCOCO joint drafter, corrector off", f"DCOCO joint {rules[0]}",
-                                              "dcoco-drafter"),
-            "online control's drafter (online)": (CONTINUED, ONLINE, "online")}
+            "joint drafter (dcoco-drafter)": (JOINT_OFF, joint_name(rules), "dcoco-drafter"),
+            "budget control's drafter (online)": (BUDGET_CONTROL, ONLINE, "online")}
     out = {}
     for label, (plain, corrected, stage) in rows.items():
-        cov = m[plain]["overall"]["coverage_tf"]
-        out[label] = {"top1_per_slot": cov[1], "top16_per_slot": cov[16],
-                      "transition_hit_rate": m[corrected]["overall"]["transition_hit_rate"],
-                      "final_dflash_loss": training[stage].get("final_dflash")}
+        if plain in m and corrected in m:
+            cov = m[plain]["overall"]["coverage_tf"]
+            out[label] = {"top1_per_slot": cov[1], "top16_per_slot": cov[16],
+                          "transition_hit_rate": m[corrected]["overall"]["transition_hit_rate"],
+                          "final_dflash_loss": training.get(stage, {}).get("final_dflash")}
     return out
 
 
@@ -159,26 +172,26 @@ def table(res: dict) -> str:
     lines.append(f"tau simulated exactly (greedy) on {h['simulated_prompts']} prompts x up to "
                  f"{res['sim']['max_new_tokens']} tokens ({h['simulated_rounds']} DFlash rounds); tokens/s from real "
                  f"decoding of {res['config']['rows']} prompt(s) per suite x {res['config']['max_new_tokens']} "
-                 f"tokens.\nPrefix-first oracle tau (DFlash rounds): {h['tau_oracle_prefix_first']:.3f}; "
-                 f"DCOCO ({h['dcoco']}) / DFlash {h['tau_ratio_dcoco_over_dflash']:.3f}x{_ci(h['tau_ratio_ci'])}; "
-                 f"frozen-drafter corrector {h['tau_ratio_frozen_over_dflash']:.3f}x{_ci(h['tau_ratio_frozen_ci'])}, "
-                 f"joint (corr_grad {h['joint_corr_grad']:g}) {h['tau_ratio_joint_over_dflash']:.3f}x"
-                 f"{_ci(h['tau_ratio_joint_ci'])}, joint / frozen {h['tau_ratio_joint_over_frozen']:.3f}x"
-                 f"{_ci(h['tau_ratio_joint_over_frozen_ci'])}, joint / its online control "
-                 f"{h['tau_ratio_joint_over_online']:.3f}x{_ci(h['tau_ratio_joint_over_online_ci'])}, DFlash2 selector "
-                 f"{h['tau_ratio_dflash2_over_dflash']:.3f}x{_ci(h['tau_ratio_dflash2_ci'])}; "
-                 f"anchor-aware corrector {h['tau_ratio_anchor_over_dflash']:.3f}x{_ci(h['tau_ratio_anchor_ci'])} "
-                 f"(/ DFlash2 selector {h['tau_ratio_anchor_over_dflash2']:.3f}x"
-                 f"{_ci(h['tau_ratio_anchor_over_dflash2_ci'])}, / frozen corrector "
-                 f"{h['tau_ratio_anchor_over_frozen']:.3f}x{_ci(h['tau_ratio_anchor_over_frozen_ci'])}); "
-                 f"DCOCO frozen / Domino {h['tau_ratio_dcoco_over_domino']:.3f}x"
-                 f"{_ci(h['tau_ratio_dcoco_over_domino_ci'])}, / DSpark {h['tau_ratio_dcoco_over_dspark']:.3f}x"
-                 f"{_ci(h['tau_ratio_dcoco_over_dspark_ci'])}, anchor-aware / the stronger ({h['best_baseline']}) "
-                 f"{h['tau_ratio_anchor_over_best_baseline']:.3f}x{_ci(h['tau_ratio_anchor_over_best_baseline_ci'])}; "
-                 f"DCOCO joint / Domino's recipe {h['tau_ratio_joint_over_domino_recipe']:.3f}x"
-                 f"{_ci(h['tau_ratio_joint_over_domino_recipe_ci'])}, / DSpark's recipe "
-                 f"{h['tau_ratio_joint_over_dspark_recipe']:.3f}x{_ci(h['tau_ratio_joint_over_dspark_recipe_ci'])}; "
-                 f"any-candidate oracle tau {h['tau_oracle_walk']:.3f}; lossless: {h['lossless']}")
+                 f"tokens; lossless: {h['lossless']}.")
+    lines.append(f"oracle tau: prefix-first {h['tau_oracle_prefix_first']:.3f}, any-candidate "
+                 f"{h['tau_oracle_walk']:.3f}; drafter's slot-1 top-1 {h['slot1_top1']:.3f} (teacher-forced)")
+    if h.get("corpus_tokens") is not None:
+        c = h.get("converged")
+        check = "" if c is None else (f"; convergence check, {c['drafter']} ({c['steps']:,} of {c['total']:,} "
+                                      f"steps) over {c['parent']}: held-out tau x{c['ratio']:.3f}, "
+                                      f"{'converged' if c['holds'] else 'not converged'} (within {c['tolerance']:.0%})")
+        lines.append(f"drafter trained on {h['corpus_tokens']:,} response tokens{check}")
+    ratios = [(label, key) for label, key in (
+        ("joint / frozen", "joint_over_frozen"), ("joint / its online control", "joint_over_online"),
+        ("joint / DFlash trained on alone", "joint_over_budget_control"),
+        ("anchor-aware / DFlash2 selector", "anchor_over_dflash2"), ("anchor-aware / frozen", "anchor_over_frozen"),
+        ("DCOCO frozen / Domino", "dcoco_over_domino"), ("DCOCO frozen / DSpark", "dcoco_over_dspark"),
+        ("anchor-aware / the stronger baseline", "anchor_over_best_baseline"),
+        ("joint / Domino's recipe", "joint_over_domino_recipe"),
+        ("joint / DSpark's recipe", "joint_over_dspark_recipe")) if f"tau_ratio_{key}" in h]
+    if ratios:
+        lines.append("; ".join(f"{label} {h[f'tau_ratio_{key}']:.3f}x{_ci(h[f'tau_ratio_{key}_ci'])}"
+                               for label, key in ratios))
     for name, c in res.get("costs", {}).items():
         lines.append(f"  {name}: {c['parameters'] / 1e3:.0f}k parameters, {c['flops_per_round']['greedy'] / 1e6:.1f} "
                      f"MFLOP per round (walk; {c['flops_per_round']['grid'] / 1e6:.1f} for the full grid), selection "
@@ -192,7 +205,7 @@ def plots(res: dict, work: Path, out: Path, prefix: str) -> list[Path]:
     plt = figures.pyplot()
 
     sim = res["sim"]["methods"]
-    paths = [out / f"{prefix}-tau.png", out / f"{prefix}-coverage.png", out / f"{prefix}-training.png"]
+    paths = [out / f"{prefix}-tau.png", out / f"{prefix}-coverage.png"]
     names = list(sim)
     suites = [*sim["DFlash"]["suites"], "overall"]
     fig, ax = plt.subplots(figsize=(1.5 * len(suites) + 4, 4.5))  # + the legend's width, right of the bars
@@ -215,8 +228,11 @@ def plots(res: dict, work: Path, out: Path, prefix: str) -> list[Path]:
     d = sim["DFlash"]["overall"]
     coverage_plot(d["coverage_tf"], d["coverage_tf_seen"], paths[1],
                   "DFlash drafter: target token in its top-k\n(teacher-forced, every anchor; Wilson 95% CIs)")
-    fig, ax = plt.subplots(figsize=(6, 4))
-    t = res["training"]  # continued stages are drawn from the step where their drafter's training left off
+    t = res["training"]
+    if "dflash-long" not in t:  # the shipped drafters: their training curves are in their folders' logs
+        return paths
+    paths.append(out / f"{prefix}-training.png")
+    fig, ax = plt.subplots(figsize=(6, 4))  # continued stages: drawn from the step where their drafter's left off
     base = t["dflash"]["steps"] if "dflash" in t else 0  # a given drafter (demo --drafter): from 0
     warm = base + t["dflash-long"].get("steps", 0)
     for stage, key, label, x0 in (("dflash", "tau_shortlist", "DFlash drafter (top-1 of the shortlisted loss: "
