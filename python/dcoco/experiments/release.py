@@ -33,6 +33,7 @@ class Stage:
     step: int         # steps trained (progress.json)
     total: int        # steps the stage runs to
     tau: float | None  # the last held-out teacher-forced tau (eval.jsonl), None before the first evaluation
+    config: dict       # the stage's training settings (progress.json)
 
     @property
     def finished(self) -> bool:
@@ -77,10 +78,11 @@ def load(root: str | Path) -> Release:
 
 
 def stage(path: Path) -> Stage:
-    """A trained stage's progress and last held-out tau."""
+    """A trained stage's progress, settings and last held-out tau."""
     progress = json.loads((path / "progress.json").read_text())
     evals = [r["eval_tau_dflash"] for r in read_records(path / "eval.jsonl") if "eval_tau_dflash" in r]
-    return Stage(path, int(progress["step"]), int(progress["total"]), evals[-1] if evals else None)
+    return Stage(path, int(progress["step"]), int(progress["total"]), evals[-1] if evals else None,
+                 progress.get("config", {}))
 
 
 def converged(rel: Release) -> dict | None:

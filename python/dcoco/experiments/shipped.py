@@ -8,7 +8,6 @@ $DCOCO_CACHE, so a second run only evaluates."""
 from __future__ import annotations
 
 import dataclasses
-import json
 import time
 from pathlib import Path
 from typing import Any
@@ -82,12 +81,11 @@ def methods(trained: dict, here: tuple, rules: tuple[str, ...]) -> dict[str, tup
 
 
 def joint_settings(rel: release.Release) -> dict | None:
-    """The joint stage's corr_grad, lr and steps (its progress.json), None without one."""
+    """The joint stage's corr_grad, lr and steps, None without one."""
     st = rel.stages.get("joint")
     if st is None:
         return None
-    cfg = json.loads((st.path / "progress.json").read_text())["config"]
-    return {"corr_grad": cfg["corr_grad"], "lr": cfg["lr"], "steps": st.step}
+    return {"corr_grad": st.config["corr_grad"], "lr": st.config["lr"], "steps": st.step}
 
 
 def run(device: str = "cpu", out: str | Path | None = None, suites_dir=None, progress: bool = True,
